@@ -1,0 +1,174 @@
+"""Backbones that carry a mixer: token LM (zoology and MAD recipes), vector regression,
+and MAD's autoencoder for compression. Backbones initialize only their own parameters;
+a mechanism's parameters keep the mechanism's own initialization.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import UsageError
+from .common import RMSNorm
+
+
+@dataclass
+class ModelConfig:
+    d_model: int = 64
+    n_layers: int = 2            # mixer layers
+    num_heads: int = 2
+    mlp: str = "none"            # "none" (zoology MQAR) | "swiglu" (MAD) | "gelu"
+    mlp_mult: float = 4.0
+    norm: str = "layernorm"      # "layernorm" | "rmsnorm"
+    tie_embeddings: bool = True
+
+    def __post_init__(self):
+        for name, v, ok in (("mlp", self.mlp, ("none", "swiglu", "gelu")),
+                            ("norm", self.norm, ("layernorm", "rmsnorm"))):
+            if v not in ok:
+                raise UsageError(f"model: {name}={v!r}; allowed: {', '.join(ok)}")
+        if self.d_model % self.num_heads:
+            raise UsageError(f"model: d_model={self.d_model} is not divisible by "
+                             f"num_heads={self.num_heads}")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+RECIPES = {
+    "zoology": dict(mlp="none", norm="layernorm", tie_embeddings=True),
+    "mad": dict(mlp="swiglu", norm="rmsnorm", tie_embeddings=False, d_model=128, num_heads=16),
+}
+
+
+def _norm(kind: str, d: int) -> nn.Module:
+    return nn.LayerNorm(d) if kind == "layernorm" else RMSNorm(d)
+
+
+class MLP(nn.Module):
+    def __init__(self, d: int, kind: str, mult: float):
+        super().__init__()
+        self.kind = kind
+        h = int(d * mult * (2 / 3 if kind == "swiglu" else 1))
+        self.fc1 = nn.Linear(d, 2 * h if kind == "swiglu" else h, bias=False)
+        self.fc2 = nn.Linear(h, d, bias=False)
+
+    def forward(self, x):
+        if self.kind == "swiglu":
+            a, b = self.fc1(x).chunk(2, dim=-1)
+            return self.fc2(F.silu(a) * b)
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, mixer: nn.Module):
+        super().__init__()
+        self.norm1 = _norm(cfg.norm, cfg.d_model)
+        self.mixer = mixer
+        self.mlp = MLP(cfg.d_model, cfg.mlp, cfg.mlp_mult) if cfg.mlp != "none" else None
+        self.norm2 = _norm(cfg.norm, cfg.d_model) if self.mlp is not None else None
+
+    def forward(self, x):
+        x = x + self.mixer(self.norm1(x))
+        if self.mlp is not None:
+            x = x + self.mlp(self.norm2(x))
+        return x
+
+
+MixerFactory = Callable[[int], nn.Module]   # layer_idx -> mixer
+
+
+class Trunk(nn.Module):
+    """The blocks and final norm shared by every backbone."""
+
+    def __init__(self, cfg: ModelConfig, make_mixer: MixerFactory):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(cfg, make_mixer(i)) for i in range(cfg.n_layers))
+        self.norm = _norm(cfg.norm, cfg.d_model)
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return self.norm(x)
+
+    def mixers(self) -> list[nn.Module]:
+        return [b.mixer for b in self.blocks]
+
+
+def _init_own(module: nn.Module, skip: list[nn.Module], n_layers: int) -> None:
+    """GPT-2 style init of the backbone's own Linear/Embedding weights, never a mixer's."""
+    skipped = {id(p) for m in skip for p in m.parameters()}
+    for name, m in module.named_modules():
+        if isinstance(m, (nn.Linear, nn.Embedding)) and id(m.weight) not in skipped:
+            std = 0.02 / math.sqrt(2 * n_layers) if name.endswith("fc2") else 0.02
+            nn.init.normal_(m.weight, std=std)
+            if getattr(m, "bias", None) is not None:
+                nn.init.zeros_(m.bias)
+
+
+class TokenModel(nn.Module):
+    """Embedding, pre-norm blocks (mixer, optional MLP), final norm, vocabulary head."""
+
+    def __init__(self, vocab: int, cfg: ModelConfig, make_mixer: MixerFactory):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, cfg.d_model)
+        self.trunk = Trunk(cfg, make_mixer)
+        self.head = nn.Linear(cfg.d_model, vocab, bias=False)
+        _init_own(self, self.trunk.mixers(), cfg.n_layers)
+        if cfg.tie_embeddings:
+            self.head.weight = self.embed.weight
+
+    def forward(self, tokens):
+        return self.head(self.trunk(self.embed(tokens)))
+
+
+class VectorModel(nn.Module):
+    """Linear read-in of (B, T, d_in) vectors, blocks, linear read-out to d_out."""
+
+    def __init__(self, d_in: int, d_out: int, cfg: ModelConfig, make_mixer: MixerFactory):
+        super().__init__()
+        self.read_in = nn.Linear(d_in, cfg.d_model)
+        self.trunk = Trunk(cfg, make_mixer)
+        self.read_out = nn.Linear(cfg.d_model, d_out)
+        _init_own(self, self.trunk.mixers(), cfg.n_layers)
+
+    def forward(self, x):
+        return self.read_out(self.trunk(self.read_in(x)))
+
+
+def sincos(T: int, d: int, device) -> torch.Tensor:
+    pos = torch.arange(T, device=device, dtype=torch.float32)[:, None]
+    inv = 10000 ** (-torch.arange(0, d, 2, device=device, dtype=torch.float32) / d)
+    pe = torch.zeros(T, d, device=device)
+    pe[:, 0::2] = torch.sin(pos * inv)
+    pe[:, 1::2] = torch.cos(pos * inv)[:, : d // 2]
+    return pe
+
+
+class AutoEncoder(nn.Module):
+    """MAD's compression backbone: the mixer stack encodes, the last position is pooled,
+    and a fixed decoder (sin-cos position per output slot, two norm-Linear-GELU layers,
+    norm, unembedding) reconstructs every input token."""
+
+    def __init__(self, vocab: int, cfg: ModelConfig, make_mixer: MixerFactory):
+        super().__init__()
+        d = cfg.d_model
+        self.embed = nn.Embedding(vocab, d)
+        self.trunk = Trunk(cfg, make_mixer)
+        self.dec = nn.ModuleList(nn.Sequential(_norm(cfg.norm, d), nn.Linear(d, d), nn.GELU())
+                                 for _ in range(2))
+        self.dec_norm = _norm(cfg.norm, d)
+        self.head = nn.Linear(d, vocab, bias=False)
+        _init_own(self, self.trunk.mixers(), cfg.n_layers)
+
+    def forward(self, tokens):
+        B, T = tokens.shape
+        z = self.trunk(self.embed(tokens))[:, -1:, :]              # (B, 1, d)
+        h = z + sincos(T, z.shape[-1], tokens.device)[None].to(z.dtype)
+        for layer in self.dec:
+            h = layer(h)
+        return self.head(self.dec_norm(h))

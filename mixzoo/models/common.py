@@ -1,0 +1,57 @@
+"""Pieces mechanisms share: head splitting, rotary embeddings, short convolutions, norms."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def split_heads(x: torch.Tensor, h: int) -> torch.Tensor:
+    """(B, T, H*D) -> (B, H, T, D)."""
+    B, T, _ = x.shape
+    return x.view(B, T, h, -1).transpose(1, 2)
+
+
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, T, D) -> (B, T, H*D)."""
+    B, H, T, D = x.shape
+    return x.transpose(1, 2).reshape(B, T, H * D)
+
+
+def rope(x: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+    """Rotary position embedding on (B, H, T, D), rotating pairs (i, i + D/2)."""
+    D, T = x.shape[-1], x.shape[-2]
+    half = D // 2
+    if half == 0:
+        return x
+    inv = base ** (-torch.arange(half, device=x.device, dtype=torch.float32) / half)
+    ang = torch.arange(T, device=x.device, dtype=torch.float32)[:, None] * inv[None, :]
+    cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:2 * half]
+    out = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    return torch.cat([out, x[..., 2 * half:]], dim=-1) if D % 2 else out
+
+
+class ShortConv(nn.Module):
+    """Causal depthwise convolution over time, (B, T, C) -> (B, T, C)."""
+
+    def __init__(self, channels: int, kernel_size: int = 4):
+        super().__init__()
+        self.k = kernel_size
+        self.conv = nn.Conv1d(channels, channels, kernel_size, groups=channels,
+                              padding=kernel_size - 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        T = x.shape[1]
+        return self.conv(x.transpose(1, 2))[..., :T].transpose(1, 2)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d: int, eps: float = 1e-6, affine: bool = True):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d)) if affine else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+        return y * self.weight if self.weight is not None else y

@@ -1,0 +1,78 @@
+"""Local Linear Attention: each query solves a softmax-weighted local linear regression.
+
+The exact estimator (``mixzoo.kernels.lla.lla_reference``) runs everywhere; on a GPU the
+Triton kernel of ``mixzoo.kernels.lla`` is used when it is present and ``backend="auto"``.
+The ridge λ is a fixed knob, or learned per head (softplus, initialized at ``ridge``).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..kernels.lla import lla_reference
+from ..registry import register_mixer
+from .common import merge_heads, rope, split_heads
+
+
+def lla_core(q, k, v, *, ridge: float = 1.0, scale=None):
+    """Causal LLA on (..., T, D) inputs; the exact solve."""
+    return lla_reference(q, k, v, ridge=ridge, scale=scale)
+
+
+def _fast_lla():
+    """The Triton kernel's entry point, or None where it is absent or cannot run."""
+    try:
+        from ..kernels.lla import triton_lla  # noqa: F401  (present once the kernel lands)
+    except Exception:
+        return None
+    return triton_lla.lla
+
+
+@register_mixer("lla", core=lla_core, search_space={
+    "lr": ("log", 1e-4, 3e-2),
+    "weight_decay": ("cat", [0.0, 0.1]),
+    "ridge": ("log", 1e-2, 1e2),
+})
+class LocalLinearAttention(nn.Module):
+    """Local Linear Attention (Zuo et al.): softmax-weighted local linear regression per query."""
+
+    def __init__(self, d_model: int, *, num_heads: int = 2, layer_idx: int = 0,
+                 ridge: float = 1.0, learn_ridge: bool = False, rope: bool = True,
+                 backend: str = "auto"):
+        super().__init__()
+        if d_model % num_heads:
+            raise ValueError(f"d_model={d_model} not divisible by num_heads={num_heads}")
+        if backend not in ("auto", "torch", "triton"):
+            raise ValueError(f"backend={backend!r}; allowed: auto, torch, triton")
+        self.h, self.use_rope, self.requested = num_heads, rope, backend
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.out = nn.Linear(d_model, d_model, bias=False)
+        init = math.log(math.expm1(ridge))           # softplus^{-1}(ridge)
+        self.ridge_raw = nn.Parameter(torch.full((num_heads,), init), requires_grad=learn_ridge)
+        self.backend = "torch"
+
+    def ridge(self) -> torch.Tensor:
+        return F.softplus(self.ridge_raw)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (split_heads(t, self.h) for t in self.qkv(x).chunk(3, dim=-1))
+        if self.use_rope:
+            q, k = rope(q), rope(k)
+        lam = self.ridge()[None, :, None]                  # (1, H, 1) -> per head
+        fast = _fast_lla() if (x.is_cuda and self.requested != "torch") else None
+        if self.requested == "triton" and fast is None:
+            raise RuntimeError("lla: backend='triton' asked for but the kernel is unavailable")
+        if fast is not None:
+            self.backend = "triton"
+            o = fast(q, k, v, ridge=lam.expand(x.shape[0], -1, x.shape[1]))
+        else:
+            self.backend = "torch"
+            o = lla_reference(q, k, v, ridge=lam)
+        return self.out(merge_heads(o.to(x.dtype)))
+
+    def state_size(self, seq_len: int) -> int:
+        d = self.qkv.in_features
+        return 2 * d * seq_len

@@ -1,0 +1,47 @@
+"""Training configuration and the result of one run."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 2000
+    batch_size: int = 64
+    lr: float = 1e-3
+    weight_decay: float = 0.1
+    warmup_frac: float = 0.05
+    min_lr_frac: float = 0.0          # cosine floor, as a fraction of lr
+    grad_clip: float = 1.0
+    eval_every: int = 200             # steps between validation passes (and log lines)
+    eval_batch_size: int = 256
+    early_stop: float | None = None   # stop once the validation metric passes this
+    precision: str = "auto"           # "auto": bf16-mixed on CUDA, 32 on CPU
+    compile: bool = False
+    n_train: int | None = None        # examples per split; None = the task's default
+    n_val: int | None = None
+    n_test: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class RunResult:
+    state: str                                  # COMPLETE | FAIL
+    reason: str = ""
+    val: dict[str, float] = field(default_factory=dict)
+    test: dict[str, float] = field(default_factory=dict)
+    steps: int = 0
+    best_step: int = 0
+    wall_time_s: float = 0.0
+    train_time_s: float = 0.0
+    steps_per_s: float = 0.0
+    tokens_per_s: float = 0.0
+    peak_mem_bytes: int = 0
+    params: int = 0
+    state_size: int = 0
+    backend: str = ""
+    device_name: str = ""
+    history: list[dict[str, float]] = field(default_factory=list)

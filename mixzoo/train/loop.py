@@ -1,0 +1,237 @@
+"""One training run: generate the splits once on the device, train with Lightning,
+validate every ``eval_every`` steps, keep the best weights on validation, score test.
+
+Per step there is no host sync: batches are slices of device tensors picked by a
+precomputed order, the loss is accumulated on the device, and metrics are read only at
+evaluations. Lightning runs ``barebones`` (no logger, progress bar, checkpoints).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+import warnings
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..models import ModelConfig, build_model, mixers_of
+from ..tasks.base import IGNORE, Batch, Task
+from .config import RunResult, TrainConfig
+from .metrics import Accumulator
+
+EvalHook = Callable[[int, dict[str, float]], None]
+
+
+class Diverged(RuntimeError):
+    pass
+
+
+def resolve_device(device: str | None) -> torch.device:
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def loss_fn(kind: str, out: torch.Tensor, b: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean loss over supervised positions, and its sum (for logging), without host syncs."""
+    if kind == "classification":
+        tgt = torch.where(b.mask, b.targets, IGNORE)
+        s = F.cross_entropy(out.flatten(0, 1).float(), tgt.flatten(), ignore_index=IGNORE,
+                            reduction="sum")
+    else:
+        s = (((out.float() - b.targets.float()) ** 2).mean(-1) * b.mask).sum()
+    return s / b.mask.sum().clamp_min(1), s
+
+
+@torch.no_grad()
+def evaluate(model, task: Task, data: Batch, batch_size: int, precision: str) -> dict[str, float]:
+    was = model.training
+    model.eval()
+    acc = Accumulator(task.kind, task.vocab_size if task.kind == "classification" else 0)
+    dev = data.inputs.device
+    ctx = (torch.autocast("cuda", dtype=torch.bfloat16) if precision.startswith("bf16")
+           else torch.autocast(dev.type, enabled=False))
+    for s in range(0, len(data), batch_size):
+        b = data.index(slice(s, s + batch_size))
+        with ctx:
+            out = model(b.inputs)
+        _, lsum = loss_fn(task.kind, out, b)
+        acc.update(out, b.targets, b.mask, b.slices, lsum)
+    model.train(was)
+    return acc.compute()
+
+
+def _schedule(cfg: TrainConfig):
+    warm = max(1, int(cfg.warmup_frac * cfg.steps))
+
+    def f(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        p = min(1.0, (step - warm) / max(1, cfg.steps - warm))
+        return cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * p))
+    return f
+
+
+def param_groups(model: torch.nn.Module, wd: float):
+    decay, no_decay, seen = [], [], set()
+    for p in model.parameters():
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        (decay if p.dim() >= 2 else no_decay).append(p)
+    return [{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def batch_order(n: int, steps: int, bs: int, seed: int) -> torch.Tensor:
+    """(steps, bs) example indices: a fresh permutation each epoch, same on every device."""
+    g = torch.Generator().manual_seed(seed)
+    need = steps * bs
+    perms = [torch.randperm(n, generator=g) for _ in range(math.ceil(need / n))]
+    return torch.cat(perms)[:need].view(steps, bs)
+
+
+def _quiet_lightning():
+    for name in ("lightning.pytorch", "lightning.fabric", "lightning.pytorch.utilities.rank_zero",
+                 "lightning.pytorch.accelerators.cuda"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*")
+    warnings.filterwarnings("ignore", message=".*barebones.*")
+
+
+def count_params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
+def train(task: Task, mixer: str, knobs: dict[str, Any] | None = None,
+          model_cfg: ModelConfig | None = None, cfg: TrainConfig | None = None,
+          seed: int = 0, device: str | None = "auto", on_eval: EvalHook | None = None,
+          log: Callable[[str], None] | None = None, data: dict[str, Batch] | None = None
+          ) -> RunResult:
+    """Train ``mixer`` on ``task`` and score it; returns a RunResult (FAIL on divergence).
+
+    ``on_eval(step, val_metrics)`` is called after every validation pass; whatever it raises
+    (e.g. a pruning signal) propagates to the caller.
+    """
+    import lightning.pytorch as pl
+    _quiet_lightning()
+    knobs, model_cfg, cfg = dict(knobs or {}), model_cfg or ModelConfig(), cfg or TrainConfig()
+    dev = resolve_device(device)
+    precision = cfg.precision if cfg.precision != "auto" else (
+        "bf16-mixed" if dev.type == "cuda" else "32-true")
+    t_start = time.perf_counter()
+    if data is None:
+        sizes = {k: v for k, v in (("train", cfg.n_train), ("val", cfg.n_val),
+                                   ("test", cfg.n_test)) if v is not None}
+        data = task.generate_splits(seed, dev, sizes)
+    else:
+        data = {k: v.to(dev) for k, v in data.items()}
+    pl.seed_everything(seed, verbose=False)
+    model = build_model(task.backbone, mixer, knobs, model_cfg, vocab=task.vocab_size if task.kind == "classification" else 0,
+                        d_in=task.d_in, d_out=task.d_out).to(dev)
+    run_model = torch.compile(model) if cfg.compile else model
+    order = batch_order(len(data["train"]), cfg.steps, cfg.batch_size, seed).to(dev)
+    primary = task.primary
+    res = RunResult(state="COMPLETE", params=count_params(model),
+                    device_name=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu")
+    tokens_per_step = cfg.batch_size * task.seq_len
+
+    class Lit(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+            self.loss_sum = torch.zeros((), device=dev)
+            self.loss_n = torch.zeros((), device=dev)
+
+        def training_step(self, step, _):
+            b = data["train"].index(order[step])
+            out = run_model(b.inputs)
+            loss, _ = loss_fn(task.kind, out, b)
+            self.loss_sum += loss.detach().float()
+            self.loss_n += 1
+            return loss
+
+        def configure_optimizers(self):
+            opt = torch.optim.AdamW(param_groups(self.model, cfg.weight_decay), lr=cfg.lr,
+                                    betas=(0.9, 0.98), fused=dev.type == "cuda")
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(cfg))
+            return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    lit = Lit()
+    state = {"best": None, "best_val": None, "eval_time": 0.0, "t0": None}
+
+    def better(a: float, b: float | None) -> bool:
+        return b is None or (a > b if primary.higher_is_better else a < b)
+
+    class Evaluator(pl.Callback):
+        def on_train_start(self, trainer, module):
+            state["t0"] = time.perf_counter()
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            step = trainer.global_step
+            if step % cfg.eval_every and step < cfg.steps:
+                return
+            t = time.perf_counter()
+            train_loss = float(lit.loss_sum / lit.loss_n.clamp_min(1))
+            lit.loss_sum.zero_()
+            lit.loss_n.zero_()
+            val = evaluate(model, task, data["val"], cfg.eval_batch_size, precision)
+            elapsed = t - state["t0"] - state["eval_time"]
+            rate = step / max(elapsed, 1e-9)
+            res.history.append({"step": step, "train_loss": train_loss, **val,
+                                "steps_per_s": rate})
+            if log:
+                log(f"  step {step:>6}/{cfg.steps} | loss {train_loss:.4f} | val {primary.name} "
+                    f"{val[primary.name]:.4f} | {rate:.1f} steps/s "
+                    f"{rate * tokens_per_step / 1e3:.0f}k tok/s")
+            if not (math.isfinite(train_loss) and math.isfinite(val[primary.name])):
+                raise Diverged(f"non-finite loss at step {step} (train {train_loss}, "
+                               f"val {primary.name} {val[primary.name]})")
+            if better(val[primary.name], state["best_val"]):
+                state["best_val"] = val[primary.name]
+                state["best"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+                res.best_step = step
+                res.val = val
+            state["eval_time"] += time.perf_counter() - t
+            if on_eval is not None:
+                on_eval(step, val)
+            if cfg.early_stop is not None and (
+                    val[primary.name] >= cfg.early_stop if primary.higher_is_better
+                    else val[primary.name] <= cfg.early_stop):
+                trainer.should_stop = True
+
+    trainer = pl.Trainer(accelerator="gpu" if dev.type == "cuda" else "cpu", devices=1,
+                         max_steps=cfg.steps, max_epochs=1, precision=precision,
+                         barebones=True, callbacks=[Evaluator()],
+                         gradient_clip_val=cfg.grad_clip or None)
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    try:
+        trainer.fit(lit, train_dataloaders=range(cfg.steps))
+    except Diverged as e:
+        res.state, res.reason = "FAIL", str(e)
+    t_end = time.perf_counter()
+    res.steps = trainer.global_step
+    train_time = (t_end - state["t0"] - state["eval_time"]) if state["t0"] else 0.0
+    res.train_time_s = train_time
+    res.steps_per_s = res.steps / train_time if train_time > 0 else 0.0
+    res.tokens_per_s = res.steps_per_s * tokens_per_step
+    mixers = mixers_of(model)
+    res.backend = "+".join(sorted({getattr(m, "backend", "torch") for m in mixers}))
+    res.state_size = sum(int(m.state_size(task.seq_len)) for m in mixers
+                         if hasattr(m, "state_size"))
+    if res.state == "COMPLETE":
+        if state["best"] is not None:
+            model.load_state_dict(state["best"])
+        res.test = evaluate(model, task, data["test"], cfg.eval_batch_size, precision)
+        if not math.isfinite(res.test[primary.name]):
+            res.state, res.reason = "FAIL", "non-finite test metric"
+    if dev.type == "cuda":
+        res.peak_mem_bytes = int(torch.cuda.max_memory_allocated(dev))
+    else:
+        import resource
+        res.peak_mem_bytes = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    res.wall_time_s = time.perf_counter() - t_start
+    return res
