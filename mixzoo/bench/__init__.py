@@ -1,0 +1,1 @@
+"""Benchmarks: kernels, mixers, trainer throughput."""

@@ -1,0 +1,73 @@
+"""The ``mixzoo`` command line. Every command lives in a module with ``configure(parser)``
+and ``main(args) -> int``; heavy imports happen inside ``main``, so ``--help`` is fast.
+Bad input (a ``UsageError``) prints one line and exits with code 2, writing nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from .errors import UsageError
+
+# command -> (module, help). Modules must import nothing heavy at top level.
+COMMANDS = {
+    "demo": ("mixzoo.commands", "the main job: small MQAR models with softmax and LLA, CPU-sized"),
+    "tasks": ("mixzoo.commands", "list the registered tasks with their knobs"),
+    "models": ("mixzoo.commands", "list the registered mechanisms, backends and sizes"),
+    "run": ("mixzoo.commands", "train one mechanism on one task and write leaderboard rows"),
+    "check-mixer": ("mixzoo.check", "check a mechanism against the mixer contract"),
+    "sweep": ("mixzoo.sweeps.cli", "Optuna sweep from a spec; best config over seeds"),
+    "compare": ("mixzoo.sweeps.cli", "sweep mechanisms over one difficulty axis"),
+    "ttr": ("mixzoo.train.ttr", "training-free piecewise test-time regression"),
+    "leaderboard": ("mixzoo.leaderboard.cli", "show, plot, export or report the leaderboard"),
+    "bench": ("mixzoo.bench.cli", "benchmarks: kernels, mixers, throughput"),
+}
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error on one line, with exit code 2."""
+
+    def error(self, message: str):
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        raise SystemExit(2)
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="mixzoo", description="Benchmark sequence-mixing mechanisms on synthetic tasks.")
+    p.add_argument("--results", default=os.environ.get("MIXZOO_RESULTS", "mixzoo-results"),
+                   help="results directory (env MIXZOO_RESULTS; default ./mixzoo-results)")
+    p.add_argument("--plugin", action="append", default=[], metavar="PATH.py",
+                   help="a Python file registering mechanisms or tasks (repeatable)")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    for name, (mod, help_) in COMMANDS.items():
+        sp = sub.add_parser(name, help=help_, description=help_)
+        m = importlib.import_module(mod)
+        getattr(m, "configure")(name, sp)
+        sp.set_defaults(_module=mod)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 0
+    try:
+        from .registry import load_plugin_file
+        for path in args.plugin:
+            load_plugin_file(path)
+        return int(importlib.import_module(args._module).main(args) or 0)
+    except UsageError as e:
+        sys.stderr.write(f"mixzoo: error: {e}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("mixzoo: interrupted\n")
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,157 @@
+"""Commands ``demo``, ``tasks``, ``models`` and ``run``."""
+from __future__ import annotations
+
+import sys
+import time
+
+from .errors import UsageError
+
+
+def parse_pairs(items: list[str] | None, what: str) -> dict[str, str]:
+    out = {}
+    for it in items or []:
+        if "=" not in it or not it.split("=", 1)[0]:
+            raise UsageError(f"{what} {it!r} is not KEY=VALUE")
+        k, v = it.split("=", 1)
+        out[k.strip()] = v.strip()
+    return out
+
+
+def literal(v: str):
+    """'3' -> 3, '1e-3' -> 0.001, 'true' -> True, else the string."""
+    low = v.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("none", "null"):
+        return None
+    for t in (int, float):
+        try:
+            return t(v)
+        except ValueError:
+            pass
+    return v
+
+
+def configure(name: str, p) -> None:
+    if name == "run":
+        p.add_argument("task", help="task name (see 'mixzoo tasks')")
+        p.add_argument("--model", "-m", required=True, help="mechanism (see 'mixzoo models')")
+        p.add_argument("--set", action="append", metavar="KNOB=V", help="task knob")
+        p.add_argument("--hp", action="append", metavar="KEY=V",
+                       help="hyperparameter: trainer (steps, lr...), model (d_model...) or mechanism knob")
+        p.add_argument("--preset", help="task preset (see 'mixzoo tasks')")
+        p.add_argument("--recipe", default="zoology", help="backbone recipe: zoology or mad")
+        p.add_argument("--seed", type=int, action="append", help="seed (repeatable; default 0)")
+        p.add_argument("--lr", type=float)
+        p.add_argument("--steps", type=int)
+        p.add_argument("--batch-size", type=int)
+        p.add_argument("--d-model", type=int)
+    elif name == "demo":
+        p.add_argument("--steps", type=int, default=None, help="training steps per model")
+    elif name in ("tasks", "models"):
+        p.add_argument("names", nargs="*", help="only these")
+
+
+def main(args) -> int:
+    return {"demo": demo, "tasks": list_tasks, "models": list_models, "run": run}[args.command](args)
+
+
+def _log(msg: str) -> None:
+    print(msg, flush=True)
+
+
+def run(args) -> int:
+    from .api import command_line, run as api_run
+    hp = {k: literal(v) for k, v in parse_pairs(args.hp, "--hp").items()}
+    for key, val in (("lr", args.lr), ("steps", args.steps), ("batch_size", args.batch_size),
+                     ("d_model", args.d_model)):
+        if val is not None:
+            hp[key] = val
+    rows = api_run(args.task, args.model, knobs=parse_pairs(args.set, "--set"),
+                   preset=args.preset, hparams=hp, recipe=args.recipe,
+                   seeds=args.seed or [0], results=args.results, device=args.device,
+                   command=command_line(), log=_log)
+    from .leaderboard.views import print_rows
+    print_rows(rows)
+    print(f"rows written under {args.results}/leaderboard/")
+    return 0 if all(r["state"] == "COMPLETE" for r in rows) else 1
+
+
+DEMO_HP = dict(steps=600, batch_size=32, lr=3e-3, weight_decay=0.1, eval_every=100,
+               d_model=64, num_heads=4, n_layers=2, n_train=4000, n_val=256, n_test=512)
+
+
+def demo(args) -> int:
+    """Small MQAR models with softmax and LLA on CPU, landed in the leaderboard."""
+    from .api import command_line, run as api_run
+    from .leaderboard import read_table
+    from .leaderboard.views import print_summary
+    hp = dict(DEMO_HP)
+    if args.steps is not None:
+        hp["steps"] = args.steps
+    t0 = time.time()
+    print(f"mixzoo demo: MQAR (preset 'demo': vocab 64, length 64, 4 key-value pairs), "
+          f"{hp['steps']} steps each, softmax and LLA, d_model {hp['d_model']}, "
+          f"{hp['n_layers']} layers", flush=True)
+    for model in ("softmax", "lla"):
+        api_run("mqar", model, preset="demo", hparams=hp, seeds=[0], results=args.results,
+                device=args.device, command=command_line(), log=_log)
+    table = read_table(args.results)
+    print()
+    print_summary(table, task="mqar")
+    print(f"\ndone in {time.time() - t0:.0f} s; leaderboard rows are under "
+          f"{args.results}/leaderboard/ (try 'mixzoo --results {args.results} leaderboard show')")
+    return 0
+
+
+def list_tasks(args) -> int:
+    import dataclasses
+    from .registry import tasks
+    reg = tasks()
+    for name in args.names:
+        if name not in reg:
+            raise UsageError(f"unknown task {name!r}; allowed: {', '.join(reg)}")
+    for name, cls in reg.items():
+        if args.names and name not in args.names:
+            continue
+        metrics = ", ".join(f"{m.name}{'↑' if m.higher_is_better else '↓'}" for m in cls.metrics)
+        print(f"{name}  (suite {cls.suite}, v{cls.version}, {cls.kind}; metrics: {metrics})")
+        for f in dataclasses.fields(cls):
+            m = f.metadata
+            if m.get("choices") is not None:
+                allowed = "{" + ", ".join(map(str, m["choices"])) + "}"
+            else:
+                allowed = f"[{m.get('lo', '')}, {m.get('hi', '')}]"
+            print(f"    {f.name:<20} default {f.default!s:<10} {allowed:<22} {m.get('help', '')}")
+        if cls.presets:
+            print(f"    presets: {', '.join(cls.presets)}")
+    return 0
+
+
+def list_models(args) -> int:
+    import torch
+    from .registry import mixers
+    reg = mixers()
+    for name in args.names:
+        if name not in reg:
+            raise UsageError(f"unknown mechanism {name!r}; allowed: {', '.join(reg)}")
+    d, h, T = 128, 2, 1024
+    print(f"{'mechanism':<12} {'params@d128':>12} {'state@T1024':>12}  {'backend here':<16} search space")
+    for name, spec in reg.items():
+        if args.names and name not in args.names:
+            continue
+        try:
+            m = spec.cls(d, num_heads=h, layer_idx=0)
+            n = sum(p.numel() for p in m.parameters())
+            st = m.state_size(T) if hasattr(m, "state_size") else None
+            with torch.no_grad():
+                m(torch.randn(1, 8, d))
+            backend = getattr(m, "backend", "torch")
+        except Exception as e:  # a plugin that cannot build at d=128 is still listed
+            n, st, backend = None, None, f"error: {type(e).__name__}"
+        space = ", ".join(f"{k}~{v[0]}" for k, v in spec.search_space.items())
+        print(f"{name:<12} {n if n is not None else '-':>12} {st if st is not None else '-':>12}  "
+              f"{backend:<16} {space}")
+    print(f"(one layer, d_model {d}, {h} heads; state in numbers at length {T}, "
+          f"backend as chosen on this machine for a CPU input)", file=sys.stdout)
+    return 0

@@ -1,0 +1,1 @@
+"""Optuna sweeps: search spaces, seeds, storage, workers; built-in sweep specs."""
