@@ -6,7 +6,6 @@ The data flow is one way: task → generator → trainer → metrics → leaderb
 """
 from __future__ import annotations
 
-
 import datetime as _dt
 import functools
 import json
@@ -15,8 +14,9 @@ import socket
 import subprocess
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .errors import UsageError
 from .registry import get_mixer, get_task
@@ -86,7 +86,7 @@ def make_row(task, model: str, hparams: dict[str, Any], recipe: str, seed: int, 
     metric = task.primary
     row = {
         "schema_version": 1, "run_id": run_id,
-        "created_at": _dt.datetime.now(_dt.timezone.utc),
+        "created_at": _dt.datetime.now(_dt.UTC),
         "suite": task.suite, "task": task.name, "task_version": task.version, "preset": preset,
         "model": model, "backend": result.backend, "recipe": recipe, "seed": seed,
         "metric_name": metric.name, "metric_value": result.test.get(metric.name),

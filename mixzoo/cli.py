@@ -45,7 +45,7 @@ def build_parser() -> Parser:
     for name, (mod, help_) in COMMANDS.items():
         sp = sub.add_parser(name, help=help_, description=help_)
         m = importlib.import_module(mod)
-        getattr(m, "configure")(name, sp)
+        m.configure(name, sp)
         sp.set_defaults(_module=mod)
     return p
 

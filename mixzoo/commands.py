@@ -61,7 +61,8 @@ def _log(msg: str) -> None:
 
 
 def run(args) -> int:
-    from .api import command_line, run as api_run
+    from .api import command_line
+    from .api import run as api_run
     hp = {k: literal(v) for k, v in parse_pairs(args.hp, "--hp").items()}
     for key, val in (("lr", args.lr), ("steps", args.steps), ("batch_size", args.batch_size),
                      ("d_model", args.d_model)):
@@ -83,7 +84,8 @@ DEMO_HP = dict(steps=600, batch_size=32, lr=3e-3, weight_decay=0.1, eval_every=1
 
 def demo(args) -> int:
     """Small MQAR models with softmax and LLA on CPU, landed in the leaderboard."""
-    from .api import command_line, run as api_run
+    from .api import command_line
+    from .api import run as api_run
     from .leaderboard import read_table
     from .leaderboard.views import print_summary
     hp = dict(DEMO_HP)
@@ -106,6 +108,7 @@ def demo(args) -> int:
 
 def list_tasks(args) -> int:
     import dataclasses
+
     from .registry import tasks
     reg = tasks()
     for name in args.names:
@@ -130,6 +133,7 @@ def list_tasks(args) -> int:
 
 def list_models(args) -> int:
     import torch
+
     from .registry import mixers
     reg = mixers()
     for name in args.names:

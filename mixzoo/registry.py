@@ -12,9 +12,10 @@ import importlib
 import importlib.util
 import pkgutil
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .errors import UsageError, one_of
 
@@ -28,6 +29,7 @@ class MixerSpec:
     cls: type
     search_space: dict[str, Any] = field(default_factory=dict)
     core: Callable | None = None          # functional (q, k, v) -> o, for training-free tasks
+    core_grid: dict[str, list] = field(default_factory=dict)  # the core's knobs to tune (ttr)
     description: str = ""
     source: str = "builtin"
 
@@ -39,12 +41,22 @@ _loaded_entry_points = False
 
 
 def register_mixer(name: str, *, search_space: dict[str, Any] | None = None,
-                   core: Callable | None = None, description: str = ""):
-    """Class decorator: register a sequence mixer under ``name`` with its Optuna search space."""
+                   core: Callable | None = None, core_grid: dict[str, list] | None = None,
+                   description: str = ""):
+    """Class decorator: register a sequence mixer under ``name`` with its Optuna search space.
+
+    ``search_space`` maps a hyperparameter to ``("log", lo, hi)``, ``("float", lo, hi)``,
+    ``("int", lo, hi)`` or ``("cat", [choices])``; trainer keys (lr, weight_decay, ...) and
+    model keys (d_model, ...) may appear beside the mechanism's own constructor knobs.
+    ``core`` is the functional map (q, k, v) -> o on (..., T, D) tensors, causal (position i
+    sees keys j <= i), and ``core_grid`` the small grid of its knobs the training-free
+    test-time regression tunes per setting.
+    """
     def deco(cls):
         doc = description or (cls.__doc__ or "").strip().splitlines()[0:1]
         desc = doc if isinstance(doc, str) else (doc[0] if doc else "")
-        _MIXERS[name] = MixerSpec(name, cls, dict(search_space or {}), core, desc,
+        _MIXERS[name] = MixerSpec(name, cls, dict(search_space or {}), core,
+                                  dict(core_grid or {}), desc,
                                   source=getattr(cls, "__module__", "?"))
         cls.mixer_name = name
         if core is not None and not hasattr(cls, "core"):

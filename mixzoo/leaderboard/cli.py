@@ -14,7 +14,7 @@ def configure(name: str, p) -> None:
 
 def main(args) -> int:
     from .store import read_table
-    from .views import print_summary, print_rows
+    from .views import print_rows, print_summary
     table = read_table(args.results)
     if args.action == "show":
         if args.all:

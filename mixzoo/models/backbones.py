@@ -5,8 +5,8 @@ a mechanism's parameters keep the mechanism's own initialization.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F

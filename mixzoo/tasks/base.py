@@ -117,12 +117,12 @@ class Task:
     @property
     def seq_len(self) -> int:
         """Length of an input sequence (the model's T)."""
-        return int(getattr(self, "L"))
+        return int(self.L)
 
     @property
     def vocab_size(self) -> int:
         """Size of the token vocabulary (classification tasks)."""
-        return int(getattr(self, "V"))
+        return int(self.V)
 
     @property
     def d_in(self) -> int:
