@@ -1,0 +1,89 @@
+"""Lazy access to flash-linear-attention (fla): its plain-PyTorch references and its Triton ops.
+
+Importing any ``fla.*`` module runs ``fla/__init__``, which imports every layer and model
+(seconds). The references are plain torch files, so they are loaded by path instead, without
+running the package's ``__init__``. The Triton ops are imported only on a CUDA device, on the
+first forward that wants them. Nothing here runs at ``import mixzoo``.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import sys
+import warnings
+from pathlib import Path
+
+
+@functools.cache
+def fla_dir() -> Path | None:
+    """The fla package folder, found without importing the package."""
+    try:
+        spec = importlib.util.find_spec("fla")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+@functools.cache
+def _naive_module(op: str):
+    root = fla_dir()
+    if root is None:
+        return None
+    path = root / "ops" / op / "naive.py"
+    if not path.is_file():
+        return None
+    name = f"mixzoo_fla_naive_{op}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(mod)
+    except Exception:
+        return None
+    sys.modules[name] = mod
+    return mod
+
+
+def naive(op: str, fn: str):
+    """fla's plain-PyTorch reference ``fla/ops/<op>/naive.py:<fn>``, or None if fla is absent."""
+    mod = _naive_module(op)
+    return getattr(mod, fn, None) if mod is not None else None
+
+
+@functools.cache
+def _op(module: str, fn: str):
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            mod = importlib.import_module(module)
+        return getattr(mod, fn)
+    except Exception:
+        return None
+
+
+def triton_op(module: str, fn: str):
+    """An fla Triton entry point (e.g. ``("fla.ops.gla", "chunk_gla")``), or None where fla or
+    a GPU Triton is unavailable. Call only for CUDA inputs."""
+    import torch
+    if not torch.cuda.is_available():
+        return None
+    return _op(module, fn)
+
+
+@functools.cache
+def gated_chunk_backward_ok() -> bool:
+    """Whether fla's gated chunk backward (used by chunk_gated_delta_rule and chunk_simple_gla)
+    gives correct gradients here: fla refuses Triton 3.4 <= v < 3.7.1 on Hopper GPUs."""
+    import torch
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import triton
+        from packaging.version import Version
+        v = Version(triton.__version__.split("+")[0])
+    except Exception:
+        return False
+    hopper = torch.cuda.get_device_capability()[0] == 9
+    return not (hopper and Version("3.4.0") <= v < Version("3.7.1"))

@@ -1,0 +1,147 @@
+"""Chunked linear recurrences in plain PyTorch: the reference paths of the recurrent mechanisms
+and their GPU path where fla's kernels cannot run. Layout (B, H, T, D), head-first.
+
+* ``simple_gla_chunk``: o_t = scale Σ_{s<=t} (Π_{s<l<=t} a_l) (q_t·k_s) v_s with a scalar decay
+  a_t = exp(g_t) per (batch, head, position), optionally signed (``neg``: a_t < 0 there, for
+  eigenvalues in (-1, 1)). Fully parallel: intra-chunk masked products, then chunk states
+  passed along with one (N x N) decay matrix over the N chunks. Covers linear attention (g = 0)
+  and Mamba-2 (q = C, k = B dt, v = x, g = A dt).
+* ``gated_delta_chunk``: the gated delta rule S_t = a_t S_{t-1} (I - β_t k_t k_tᵀ) + β_t v_t k_tᵀ
+  (state written as V x K here), o_t = scale S_t q_t. Within a chunk the updates are folded with
+  one unit-lower-triangular solve (the WY/UT form); across chunks a short loop of three fused
+  matmuls per chunk carries the state.
+* ``*_recurrent``: step-by-step loops, the oracles for tests.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _chunked(x: torch.Tensor, C: int, pad_value: float = 0.0) -> torch.Tensor:
+    """(B, H, T, ...) -> (B, H, N, C, ...), zero-padding T to a multiple of C."""
+    T = x.shape[2]
+    Tp = -(-T // C) * C
+    if Tp != T:
+        pad = [0, 0] * (x.dim() - 3) + [0, Tp - T]
+        x = F.pad(x, pad, value=pad_value)
+    return x.unflatten(2, (Tp // C, C))
+
+
+def _sign_from_parity(p: torch.Tensor) -> torch.Tensor:
+    return 1.0 - 2.0 * torch.remainder(p, 2)
+
+
+def simple_gla_chunk(q, k, v, g, *, scale: float = 1.0, neg: torch.Tensor | None = None,
+                     chunk: int = 64) -> torch.Tensor:
+    """q, k: (B, H, T, K); v: (B, H, T, V); g: (B, H, T) log-magnitude of the decay (<= 0);
+    neg: optional bool (B, H, T), True where the decay is negative. Returns (B, H, T, V) in
+    q's dtype, computed in float32 (float64 for float64 inputs)."""
+    B, H, T, _ = q.shape
+    dt = q.dtype
+    C = max(1, min(chunk, T))
+    cdt = torch.float64 if dt == torch.float64 else torch.float32
+    q, k, v, g = (t.to(cdt) for t in (q, k, v, g))
+    qc, kc, vc = _chunked(q, C), _chunked(k, C), _chunked(v, C)
+    gc = _chunked(g.unsqueeze(-1), C).squeeze(-1).cumsum(-1)             # (B, H, N, C)
+    N = gc.shape[2]
+    tri = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    diff = (gc.unsqueeze(-1) - gc.unsqueeze(-2)).masked_fill(~tri, float("-inf"))
+    L = diff.exp()                                                       # (B, H, N, C, C)
+    last = gc[..., -1:]                                                  # (B, H, N, 1)
+    to_end = (last - gc).exp()                                           # decay s -> chunk end
+    from_start = gc.exp()                                                # decay chunk start -> t
+    chunk_decay = last.squeeze(-1)                                       # (B, H, N)
+    if neg is not None:
+        p = _chunked(neg.to(torch.int64).unsqueeze(-1), C).squeeze(-1).cumsum(-1)
+        L = L * _sign_from_parity(p.unsqueeze(-1) - p.unsqueeze(-2))
+        to_end = to_end * _sign_from_parity(p[..., -1:] - p)
+        from_start = from_start * _sign_from_parity(p)
+        chunk_par = p[..., -1]
+    o = ((qc @ kc.transpose(-1, -2)) * L) @ vc                           # intra-chunk
+    if N > 1:
+        states = (kc * to_end.unsqueeze(-1)).transpose(-1, -2) @ vc      # (B, H, N, K, V)
+        cum = chunk_decay.cumsum(-1)                                     # (B, H, N)
+        # state entering chunk n = Σ_{m<n} (decay of chunks m+1..n-1) states_m
+        dm = (cum[..., :, None] - chunk_decay[..., :, None]) - cum[..., None, :]
+        strict = torch.ones(N, N, dtype=torch.bool, device=q.device).tril(-1)
+        M = dm.masked_fill(~strict, float("-inf")).exp()                 # (B, H, N, N)
+        if neg is not None:
+            cp = chunk_par.cumsum(-1)
+            M = M * _sign_from_parity((cp - chunk_par)[..., :, None] - cp[..., None, :])
+        enter = torch.einsum("bhnm,bhmkv->bhnkv", M, states)
+        o = o + (qc * from_start.unsqueeze(-1)) @ enter
+    return (o.flatten(2, 3)[:, :, :T] * scale).to(dt)
+
+
+def simple_gla_recurrent(q, k, v, g, *, scale: float = 1.0, neg=None) -> torch.Tensor:
+    B, H, T, K = q.shape
+    a = g.float().exp()
+    if neg is not None:
+        a = torch.where(neg, -a, a)
+    S = q.new_zeros(B, H, v.shape[-1], K, dtype=torch.float32)
+    out = []
+    for t in range(T):
+        S = a[..., t, None, None] * S + v[..., t, :, None].float() * k[..., t, None, :].float()
+        out.append((S @ q[..., t, :, None].float()).squeeze(-1))
+    return (torch.stack(out, 2) * scale).to(q.dtype)
+
+
+def gated_delta_chunk(q, k, v, g, beta, *, scale: float = 1.0, chunk: int = 64) -> torch.Tensor:
+    """q, k: (B, H, T, K); v: (B, H, T, V); g: (B, H, T) log-decay; beta: (B, H, T).
+    Returns (B, H, T, V) in q's dtype, computed in float32 (float64 for float64 inputs)."""
+    B, H, T, K = q.shape
+    V = v.shape[-1]
+    dt = q.dtype
+    C = max(1, min(chunk, T))
+    cdt = torch.float64 if dt == torch.float64 else torch.float32
+    q, k, v, g, beta = (t.to(cdt) for t in (q, k, v, g, beta))
+    qc, kc, vc = _chunked(q, C), _chunked(k, C), _chunked(v, C)
+    gc = _chunked(g.unsqueeze(-1), C).squeeze(-1).cumsum(-1)             # (B, H, N, C)
+    bc = _chunked(beta.unsqueeze(-1), C)                                 # (B, H, N, C, 1)
+    N = gc.shape[2]
+    eye = torch.eye(C, dtype=torch.bool, device=q.device)
+    low = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    diff = gc.unsqueeze(-1) - gc.unsqueeze(-2)
+    Lin = diff.masked_fill(~low, float("-inf")).exp()                    # t >= s
+    Lst = Lin.masked_fill(eye, 0.0)                                      # t > s
+    # (I + A) [U | W] = [β v | β e^{γ} k],  A_ts = β_t e^{γ_t - γ_s} k_t·k_s (t > s)
+    A = bc * (kc @ kc.transpose(-1, -2)) * Lst
+    I_A = A + torch.eye(C, dtype=A.dtype, device=A.device)
+    rhs = torch.cat([bc * vc, bc * gc.exp().unsqueeze(-1) * kc], dim=-1)
+    sol = torch.linalg.solve_triangular(I_A, rhs, upper=False, unitriangular=True)
+    U, W = sol[..., :V], sol[..., V:]                                    # δ = U - W S₀ᵀ-form
+    P = (qc @ kc.transpose(-1, -2)) * Lin                                # (B, H, N, C, C)
+    Qe = qc * gc.exp().unsqueeze(-1) - P @ W                             # o = P U + Qe S₀ᵀ
+    Ou = P @ U
+    if N == 1:
+        o = Ou
+    else:
+        last = gc[..., -1]                                               # (B, H, N)
+        KdT = (kc * (last.unsqueeze(-1) - gc).exp().unsqueeze(-1)).transpose(-1, -2)
+        dec = last.exp()
+        # flatten (B, H) into one batch axis for baddbmm; S is (BH, K, V) here
+        fl = lambda t: t.flatten(0, 1)
+        Us, Ws, Ks, Ds = fl(U).unbind(1), fl(W).unbind(1), fl(KdT).unbind(1), fl(dec).unbind(1)
+        S = q.new_zeros(B * H, K, V)
+        enters = [S]
+        for n in range(N - 1):
+            d = torch.baddbmm(Us[n], Ws[n], S, alpha=-1.0)              # δ of chunk n
+            S = torch.baddbmm(S * Ds[n][:, None, None], Ks[n], d)
+            enters.append(S)
+        S_in = torch.stack(enters, 1).unflatten(0, (B, H))               # (B, H, N, K, V)
+        o = Ou + Qe @ S_in
+    return (o.flatten(2, 3)[:, :, :T] * scale).to(dt)
+
+
+def gated_delta_recurrent(q, k, v, g, beta, *, scale: float = 1.0) -> torch.Tensor:
+    B, H, T, K = q.shape
+    S = q.new_zeros(B, H, v.shape[-1], K, dtype=torch.float32)
+    out = []
+    for t in range(T):
+        kt, vt, qt = k[..., t, :].float(), v[..., t, :].float(), q[..., t, :].float()
+        S = S * g[..., t, None, None].float().exp()
+        err = vt - (S @ kt.unsqueeze(-1)).squeeze(-1)
+        S = S + beta[..., t, None, None].float() * err.unsqueeze(-1) * kt.unsqueeze(-2)
+        out.append((S @ qt.unsqueeze(-1)).squeeze(-1))
+    return (torch.stack(out, 2) * scale).to(q.dtype)

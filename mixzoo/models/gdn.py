@@ -1,0 +1,101 @@
+"""Gated DeltaNet (Yang et al., 2025): a delta-rule fast-weight memory with a data-dependent decay.
+
+S_t = a_t S_{t-1} (I - β_t k_t k_tᵀ) + β_t v_t k_tᵀ,  o_t = S_t q_t / √d, with q, k L2-normalized
+after a short convolution, a_t = exp(-exp(A) softplus(W_a x + dt_bias)), β_t = σ(W_b x) and a
+gated RMSNorm on the output. ``allow_neg_eigval`` takes β in [0, 2], so the transition
+I - β k kᵀ can have eigenvalue down to -1 (Grazzi et al., 2025: needed for state tracking).
+
+Paths: ``torch-chunk`` (``_scan.gated_delta_chunk``, the WY/UT chunk form in plain PyTorch; the
+CPU path and the GPU path where fla's kernel is refused) and ``fla-chunk`` (fla's Triton
+``chunk_gated_delta_rule``, used on a GPU only where its gated backward is trusted: not on
+Hopper with Triton < 3.7.1, which fla itself refuses).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..registry import register_mixer
+from . import _fla
+from ._parts import ConvAct, GatedNorm, dt_bias_init, l2norm
+from ._scan import gated_delta_chunk
+from .common import split_heads
+
+
+def gdn_core(q, k, v, *, beta: float = 0.5, decay: float = 1.0, normalize: bool = True):
+    """Gated delta rule with fixed β and decay on (..., T, D) inputs, causal:
+    S_i = decay·S_{i-1} + β_i (v_i - decay·S_{i-1} k_i) k_iᵀ, o_i = S_i q_i, with
+    β_i = beta / ||k_i||² when ``normalize`` (the normalized LMS step), else beta."""
+    lead, T, V = q.shape[:-2], q.shape[-2], v.shape[-1]
+    q3, k3, v3 = (t.reshape(-1, 1, T, t.shape[-1]) for t in (q, k, v))
+    b = torch.full(k3.shape[:3], float(beta), dtype=q.dtype, device=q.device)
+    if normalize:
+        b = b / k3.pow(2).sum(-1).clamp_min(1e-12)
+    g = torch.full_like(b, math.log(decay) if decay > 0 else -1e4)
+    o = gated_delta_chunk(q3, k3, v3, g, b)
+    return o.to(q.dtype).reshape(*lead, T, V)
+
+
+@register_mixer("gdn", core=gdn_core,
+                core_grid={"beta": [0.1, 0.3, 0.5, 1.0], "decay": [1.0, 0.99, 0.95, 0.9]},
+                search_space={
+                    "lr": ("log", 1e-4, 3e-2),
+                    "weight_decay": ("cat", [0.0, 0.1]),
+                    "allow_neg_eigval": ("cat", [False, True]),
+                })
+class GatedDeltaNet(nn.Module):
+    """Gated DeltaNet: gated delta-rule memory, short convolutions, gated output norm."""
+
+    def __init__(self, d_model: int, *, num_heads: int = 2, layer_idx: int = 0,
+                 allow_neg_eigval: bool = False, conv_size: int = 4, chunk_size: int = 64,
+                 backend: str = "auto"):
+        super().__init__()
+        if d_model % num_heads:
+            raise ValueError(f"d_model={d_model} not divisible by num_heads={num_heads}")
+        if backend not in ("auto", "torch", "fla"):
+            raise ValueError(f"backend={backend!r}; allowed: auto, torch, fla")
+        self.h, self.dh, self.neg, self.chunk, self.requested = (
+            num_heads, d_model // num_heads, allow_neg_eigval, chunk_size, backend)
+        self.q_proj, self.k_proj, self.v_proj, self.g_proj = (
+            nn.Linear(d_model, d_model, bias=False) for _ in range(4))
+        self.q_conv, self.k_conv, self.v_conv = (ConvAct(d_model, conv_size) for _ in range(3))
+        self.a_proj = nn.Linear(d_model, num_heads, bias=False)
+        self.b_proj = nn.Linear(d_model, num_heads, bias=False)
+        self.A_log = nn.Parameter(torch.log(torch.empty(num_heads).uniform_(1, 16)))
+        self.dt_bias = nn.Parameter(dt_bias_init(num_heads))
+        self.o_norm = GatedNorm(self.dh)
+        self.o_proj = nn.Linear(d_model, d_model, bias=False)
+        self.backend = "torch-chunk"
+
+    def _fast(self, x):
+        if not x.is_cuda or self.requested == "torch":
+            return None
+        fn = _fla.triton_op("fla.ops.gated_delta_rule", "chunk_gated_delta_rule")
+        ok = fn is not None and (_fla.gated_chunk_backward_ok() or self.requested == "fla")
+        if self.requested == "fla" and fn is None:
+            raise RuntimeError("gdn: backend='fla' asked for but fla's Triton kernel is unavailable")
+        return fn if ok else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = l2norm(split_heads(self.q_conv(self.q_proj(x)), self.h))
+        k = l2norm(split_heads(self.k_conv(self.k_proj(x)), self.h))
+        v = split_heads(self.v_conv(self.v_proj(x)), self.h)
+        g = -self.A_log.float().exp() * F.softplus(self.a_proj(x).float() + self.dt_bias)   # (B, T, H)
+        beta = self.b_proj(x).float().sigmoid() * (2.0 if self.neg else 1.0)
+        g, beta = g.transpose(1, 2), beta.transpose(1, 2)                                     # (B, H, T)
+        fast = self._fast(x)
+        if fast is not None:
+            self.backend = "fla-chunk"
+            tt = lambda t: t.transpose(1, 2).contiguous()
+            o, _ = fast(tt(q), tt(k), tt(v), g=tt(g), beta=tt(beta), scale=self.dh ** -0.5)
+            o = o.transpose(1, 2)
+        else:
+            self.backend = "torch-chunk"
+            o = gated_delta_chunk(q, k, v, g, beta, scale=self.dh ** -0.5, chunk=self.chunk)
+        return self.o_proj(self.o_norm(o, self.g_proj(x)))
+
+    def state_size(self, seq_len: int) -> int:
+        return self.h * self.dh * self.dh

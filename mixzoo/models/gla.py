@@ -1,0 +1,74 @@
+"""Gated Linear Attention (Yang et al., 2024): linear attention with a data-dependent decay per
+key dimension, S_t = S_{t-1} diag(a_t) + v_t k_tᵀ, o_t = S_t q_t / √d_k, a_t = exp(logσ(W x)/τ)
+from a low-rank projection (τ = 16), with a gated RMSNorm on the output. Keys are half as wide
+as values (expand_k = 0.5) as in the paper.
+
+Paths: ``fla-chunk`` (fla's Triton ``chunk_gla``, on a GPU) and ``torch-recurrent`` (fla's
+plain-PyTorch recurrence, loaded by file path; the CPU path).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..registry import register_mixer
+from . import _fla
+from ._parts import GatedNorm
+
+
+@register_mixer("gla", search_space={
+    "lr": ("log", 1e-4, 3e-2),
+    "weight_decay": ("cat", [0.0, 0.1]),
+    "expand_k": ("cat", [0.5, 1.0]),
+})
+class GatedLinearAttention(nn.Module):
+    """Gated Linear Attention: linear attention with a per-key-dimension data-dependent forget gate."""
+
+    def __init__(self, d_model: int, *, num_heads: int = 2, layer_idx: int = 0,
+                 expand_k: float = 0.5, gate_rank: int = 16, gate_norm: float = 16.0,
+                 backend: str = "auto"):
+        super().__init__()
+        dk = int(d_model * expand_k)
+        if d_model % num_heads or dk % num_heads:
+            raise ValueError(f"d_model={d_model} (keys {dk}) not divisible by num_heads={num_heads}")
+        if backend not in ("auto", "torch", "fla"):
+            raise ValueError(f"backend={backend!r}; allowed: auto, torch, fla")
+        self.h, self.dk, self.tau, self.requested = num_heads, dk // num_heads, gate_norm, backend
+        self.q_proj = nn.Linear(d_model, dk, bias=False)
+        self.k_proj = nn.Linear(d_model, dk, bias=False)
+        self.v_proj = nn.Linear(d_model, d_model, bias=False)
+        self.g_proj = nn.Linear(d_model, d_model, bias=False)
+        self.gk = nn.Sequential(nn.Linear(d_model, gate_rank, bias=False), nn.Linear(gate_rank, dk, bias=True))
+        self.o_norm = GatedNorm(d_model // num_heads)
+        self.o_proj = nn.Linear(d_model, d_model, bias=False)
+        self.backend = "torch-recurrent"
+
+    def _fast(self, x):
+        if not x.is_cuda or self.requested == "torch":
+            return None
+        fn = _fla.triton_op("fla.ops.gla", "chunk_gla")
+        if fn is None and self.requested == "fla":
+            raise RuntimeError("gla: backend='fla' asked for but fla's Triton kernel is unavailable")
+        return fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x.shape
+        bthd = lambda t: t.view(B, T, self.h, -1)
+        q, k, v = bthd(self.q_proj(x)), bthd(self.k_proj(x)), bthd(self.v_proj(x))
+        gk = bthd(F.logsigmoid(self.gk(x).float()) / self.tau)
+        fast = self._fast(x)
+        if fast is not None:
+            self.backend = "fla-chunk"
+            o, _ = fast(q, k, v, g=gk, scale=self.dk ** -0.5)
+        else:
+            self.backend = "torch-recurrent"
+            ref = _fla.naive("gla", "naive_recurrent_gla")
+            if ref is None:
+                raise RuntimeError("gla: the reference needs flash-linear-attention installed")
+            o, _ = ref(q, k, v, gk)
+        return self.o_proj(self.o_norm(o.transpose(1, 2), self.g_proj(x)))
+
+    def state_size(self, seq_len: int) -> int:
+        return self.h * self.dk * (self.o_proj.in_features // self.h)
+

@@ -1,0 +1,93 @@
+"""Hyena (Poli et al., 2023): an order-N operator of gated long convolutions.
+
+u = ShortConv(W_in x) is split into N gates x_1..x_N and a value v; then for n = 1..N,
+v <- x_n ⊙ (h_n * v + b_n ⊙ v), where h_n is an implicit long filter: a small MLP with sine
+activations of fixed positional features of the lag, times an exponential decay window. The
+convolution is an FFT convolution zero-padded to at least 2T, so it is linear (never circular)
+and causal at every length; the filter's value at lag t does not depend on the sequence length.
+One path: ``torch-fft``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..registry import register_mixer
+from .common import ShortConv
+
+
+class Sin(nn.Module):
+    def __init__(self, dim: int, freq: float = 1.0):
+        super().__init__()
+        self.freq = nn.Parameter(torch.full((dim,), freq))
+
+    def forward(self, x):
+        return torch.sin(self.freq * x)
+
+
+class ImplicitFilter(nn.Module):
+    """h[c, t] = MLP(z(t))[c] · exp(-r_c t / L), lag features z(t) of fixed scale L."""
+
+    def __init__(self, channels: int, *, emb_bands: int = 8, width: int = 64, scale_len: int = 1024,
+                 fast_decay: float = 0.3, slow_decay: float = 1.5, freq: float = 10.0):
+        super().__init__()
+        self.bands, self.L = emb_bands, float(scale_len)
+        d_emb = 1 + 2 * emb_bands
+        self.mlp = nn.Sequential(nn.Linear(d_emb, width), Sin(width, freq), nn.Linear(width, width),
+                                 Sin(width, freq), nn.Linear(width, channels, bias=False))
+        # decay rates spread log-uniformly over the channels (fast to slow)
+        rates = torch.exp(torch.linspace(math.log(1 / slow_decay), math.log(1 / fast_decay), channels))
+        self.register_buffer("rates", rates * 10.0, persistent=False)
+
+    def forward(self, T: int, device) -> torch.Tensor:
+        t = torch.arange(T, device=device, dtype=torch.float32)[:, None] / self.L        # (T, 1)
+        f = torch.arange(1, self.bands + 1, device=device, dtype=torch.float32)[None, :]
+        z = torch.cat([t, torch.cos(2 * math.pi * f * t), torch.sin(2 * math.pi * f * t)], dim=-1)
+        h = self.mlp(z)                                                                 # (T, C)
+        window = torch.exp(-t * self.rates[None, :].to(device))
+        return (h * window).transpose(0, 1)                                            # (C, T)
+
+
+def fft_causal_conv(u: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """y[..., c, t] = Σ_{s<=t} h[c, t-s] u[..., c, s], u (B, C, T), h (C, T); float32."""
+    T = u.shape[-1]
+    n = 1 << (2 * T - 1).bit_length()                       # power of two >= 2T
+    y = torch.fft.irfft(torch.fft.rfft(u.float(), n=n) * torch.fft.rfft(h.float(), n=n), n=n)
+    return y[..., :T]
+
+
+@register_mixer("hyena", search_space={
+    "lr": ("log", 1e-4, 3e-2),
+    "weight_decay": ("cat", [0.0, 0.1]),
+    "filter_width": ("cat", [32, 64]),
+})
+class Hyena(nn.Module):
+    """Order-N Hyena operator: short conv, implicit long filters, FFT convolutions, gating."""
+
+    def __init__(self, d_model: int, *, num_heads: int = 2, layer_idx: int = 0, order: int = 2,
+                 filter_width: int = 64, short_conv: int = 3, scale_len: int = 1024):
+        super().__init__()
+        if order < 1:
+            raise ValueError(f"order={order}; must be >= 1")
+        self.d, self.order = d_model, order
+        self.in_proj = nn.Linear(d_model, (order + 1) * d_model)
+        self.short = ShortConv((order + 1) * d_model, short_conv)
+        self.filter = ImplicitFilter(order * d_model, width=filter_width, scale_len=scale_len)
+        self.bias = nn.Parameter(torch.randn(order, d_model))
+        self.out_proj = nn.Linear(d_model, d_model)
+        self.backend = "torch-fft"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, D = x.shape
+        u = self.short(self.in_proj(x)).transpose(1, 2)                     # (B, (N+1)D, T)
+        *gates, v = u.split(D, dim=1)
+        h = self.filter(T, x.device).view(self.order, D, T)
+        v = v.float()
+        for n in range(self.order):
+            v = gates[n].float() * (fft_causal_conv(v, h[n]) + self.bias[n, :, None] * v)
+        return self.out_proj(v.transpose(1, 2).to(x.dtype))
+
+    def state_size(self, seq_len: int) -> int:
+        return self.order * self.d * seq_len

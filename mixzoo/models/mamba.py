@@ -1,0 +1,167 @@
+"""Mamba: selective state-space models. Mamba-2 (Dao & Gu, 2024) by default, Mamba-1 (Gu & Dao,
+2023) with ``version=1``.
+
+Mamba-2 per head: h_t = a_t h_{t-1} + B_t (dt_t x_t)ᵀ, y_t = h_tᵀ C_t + D x_t with a scalar
+a_t = exp(A dt_t), A < 0; B, C shared by the heads. That is simple gated linear attention with
+q = C, k = B dt, v = x, log-decay A dt, which is how it runs: ``torch-chunk`` is
+``_scan.simple_gla_chunk`` (plain PyTorch, fully parallel, the CPU path and the GPU path where
+fla's kernel is refused) and ``fla-simple-gla`` is fla's Triton ``chunk_simple_gla`` (a GPU whose
+Triton fla trusts for gated backward passes; fla refuses Triton < 3.7.1 on Hopper).
+
+``allow_neg_eigval`` maps the transition a in (0, 1) to 2a - 1 in (-1, 1) (Grazzi et al., 2025,
+for state tracking); signed decays run on ``torch-chunk`` only.
+
+Mamba-1 (per channel and state dimension decays) uses mamba-ssm's CUDA ``selective_scan_fn``
+when that package is installed with its compiled kernels (backend ``mamba-ssm``); otherwise a
+step-by-step PyTorch scan (``torch-scan-slow``), which on a GPU is about two seconds a training
+step at length 1024 and says so on stderr.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..registry import register_mixer
+from . import _fla
+from ._parts import ConvAct, dt_bias_init
+from ._scan import simple_gla_chunk
+from .common import RMSNorm
+
+
+@functools.cache
+def _selective_scan_cuda():
+    """mamba-ssm's compiled selective scan, or None (never stubs the extension)."""
+    try:
+        import selective_scan_cuda  # noqa: F401
+        from mamba_ssm.ops.selective_scan_interface import selective_scan_fn
+        return selective_scan_fn
+    except Exception:
+        return None
+
+
+def _signed(log_a: torch.Tensor, neg: bool):
+    """log|a'| and the sign mask of a' = 2a - 1 (neg) or a' = a (not neg), from log a."""
+    if not neg:
+        return log_a, None
+    a2 = 2.0 * log_a.exp() - 1.0
+    return a2.abs().clamp_min(1e-6).log(), a2 < 0
+
+
+@register_mixer("mamba", search_space={
+    "lr": ("log", 1e-4, 3e-2),
+    "weight_decay": ("cat", [0.0, 0.1]),
+    "d_state": ("cat", [16, 32, 64]),
+    "allow_neg_eigval": ("cat", [False, True]),
+})
+class Mamba(nn.Module):
+    """Mamba selective SSM: Mamba-2 (scalar decay per head, simple-GLA form) or Mamba-1."""
+
+    def __init__(self, d_model: int, *, num_heads: int = 2, layer_idx: int = 0, version: int = 2,
+                 d_state: int = 64, expand: int = 2, conv_size: int = 4,
+                 allow_neg_eigval: bool = False, chunk_size: int = 64, backend: str = "auto"):
+        super().__init__()
+        if version not in (1, 2):
+            raise ValueError(f"version={version}; allowed: 1, 2")
+        if backend not in ("auto", "torch", "fla", "mamba-ssm"):
+            raise ValueError(f"backend={backend!r}; allowed: auto, torch, fla, mamba-ssm")
+        di = expand * d_model
+        if version == 2 and di % num_heads:
+            raise ValueError(f"expand*d_model={di} not divisible by num_heads={num_heads}")
+        self.version, self.h, self.N, self.di, self.neg, self.chunk, self.requested = (
+            version, num_heads, d_state, di, allow_neg_eigval, chunk_size, backend)
+        self._warned = False
+        if version == 2:
+            self.in_proj = nn.Linear(d_model, 2 * di + 2 * d_state + num_heads, bias=False)
+            self.conv = ConvAct(di + 2 * d_state, conv_size)
+            self.A_log = nn.Parameter(torch.log(torch.empty(num_heads).uniform_(1, 16)))
+            self.dt_bias = nn.Parameter(dt_bias_init(num_heads))
+            self.D = nn.Parameter(torch.ones(num_heads))
+            self.backend = "torch-chunk"
+        else:
+            self.rank = math.ceil(d_model / 16)
+            self.in_proj = nn.Linear(d_model, 2 * di, bias=False)
+            self.conv = ConvAct(di, conv_size)
+            self.x_proj = nn.Linear(di, self.rank + 2 * d_state, bias=False)
+            self.dt_proj = nn.Linear(self.rank, di, bias=True)
+            with torch.no_grad():
+                self.dt_proj.bias.copy_(dt_bias_init(di))
+            self.A_log = nn.Parameter(torch.log(torch.arange(1, d_state + 1).float()).repeat(di, 1))
+            self.D = nn.Parameter(torch.ones(di))
+            self.backend = "torch-scan-slow"
+        self.norm = RMSNorm(di) if version == 2 else None
+        self.out_proj = nn.Linear(di, d_model, bias=False)
+
+    # Mamba-2 -----------------------------------------------------------------------------
+    def _forward2(self, x):
+        B, T, _ = x.shape
+        z, xbc, dt = self.in_proj(x).split([self.di, self.di + 2 * self.N, self.h], dim=-1)
+        xs, Bm, Cm = self.conv(xbc).split([self.di, self.N, self.N], dim=-1)
+        dt = F.softplus(dt.float() + self.dt_bias)                          # (B, T, H)
+        log_a, negm = _signed(-self.A_log.float().exp() * dt, self.neg)     # (B, T, H)
+        xh = xs.view(B, T, self.h, -1)                                      # (B, T, H, P)
+        k = Bm.float().unsqueeze(2) * dt.unsqueeze(-1)                      # (B, T, H, N)
+        q = Cm.float().unsqueeze(2).expand(B, T, self.h, self.N)
+        fn = None
+        if x.is_cuda and self.requested != "torch" and negm is None:
+            fn = _fla.triton_op("fla.ops.simple_gla", "chunk_simple_gla")
+            if fn is not None and not (_fla.gated_chunk_backward_ok() or self.requested == "fla"):
+                fn = None
+        if self.requested == "fla" and fn is None:
+            raise RuntimeError("mamba: backend='fla' asked for but fla's chunk_simple_gla cannot run here")
+        if fn is not None:
+            self.backend = "fla-simple-gla"
+            y, _ = fn(q.to(xh.dtype).contiguous(), k.to(xh.dtype).contiguous(), xh.contiguous(),
+                      g=log_a.contiguous(), scale=1.0)
+        else:
+            self.backend = "torch-chunk"
+            hf = lambda t: t.transpose(1, 2)
+            y = hf(simple_gla_chunk(hf(q), hf(k), hf(xh), hf(log_a),
+                                    neg=None if negm is None else hf(negm), chunk=self.chunk))
+        y = y.float() + self.D[:, None] * xh.float()
+        y = y.reshape(B, T, self.di) * F.silu(z.float())
+        return self.out_proj(self.norm(y).to(x.dtype))
+
+    # Mamba-1 -----------------------------------------------------------------------------
+    def _forward1(self, x):
+        xs, z = self.in_proj(x).chunk(2, dim=-1)
+        xs = self.conv(xs)                                                  # (B, T, Di)
+        dt_low, Bm, Cm = self.x_proj(xs).split([self.rank, self.N, self.N], dim=-1)
+        dt = F.softplus(self.dt_proj(dt_low).float())                      # (B, T, Di)
+        A = -self.A_log.float().exp()                                       # (Di, N)
+        scan = _selective_scan_cuda() if (x.is_cuda and self.requested != "torch" and not self.neg) else None
+        if self.requested == "mamba-ssm" and scan is None:
+            raise RuntimeError("mamba: backend='mamba-ssm' asked for but its CUDA kernels are not built here")
+        if scan is not None:
+            self.backend = "mamba-ssm"
+            y = scan(xs.transpose(1, 2).contiguous(), dt.transpose(1, 2).to(xs.dtype).contiguous(), A,
+                     Bm.transpose(1, 2).contiguous(), Cm.transpose(1, 2).contiguous(), self.D.float(),
+                     z=z.transpose(1, 2).contiguous()).transpose(1, 2)
+            return self.out_proj(y.to(x.dtype))
+        self.backend = "torch-scan-slow"
+        if x.is_cuda and not self._warned:
+            self._warned = True
+            print("mixzoo: WARNING: mamba version=1 runs the step-by-step PyTorch scan on this GPU "
+                  "(mamba-ssm's CUDA kernels are not built here): about 2 s per training step at "
+                  "length 1024. Use version=2 or build mamba-ssm.", file=sys.stderr, flush=True)
+        log_a, negm = _signed(dt.unsqueeze(-1) * A, self.neg)               # (B, T, Di, N)
+        a = log_a.exp() if negm is None else torch.where(negm, -log_a.exp(), log_a.exp())
+        u = (dt * xs.float()).unsqueeze(-1) * Bm.float().unsqueeze(2)        # (B, T, Di, N)
+        h = x.new_zeros(x.shape[0], self.di, self.N, dtype=torch.float32)
+        ys = []
+        for t in range(x.shape[1]):
+            h = a[:, t] * h + u[:, t]
+            ys.append((h * Cm[:, t, None, :].float()).sum(-1))
+        y = torch.stack(ys, 1) + self.D * xs.float()
+        y = y * F.silu(z.float())
+        return self.out_proj(y.to(x.dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._forward2(x) if self.version == 2 else self._forward1(x)
+
+    def state_size(self, seq_len: int) -> int:
+        return self.di * self.N

@@ -1,0 +1,106 @@
+"""MesaNet (von Oswald et al., 2025): each query reads out the optimal ridge-regression fit of
+its whole (decayed) prefix, o_t = H_kv,t (H_kk,t + Λ)^{-1} q_t with
+H_kk,t = Σ_{j<=t} (Π a) β_j k_j k_jᵀ and H_kv,t the same with v_j k_jᵀ.
+
+Layer: q, k, v after a short convolution and SiLU, q and k L2-normalized, forget gate
+a = σ(W_a x), input gate β = σ(W_b x), per-head per-dimension Λ = softplus(λ) + λ_min,
+gated RMSNorm on the output. Paths: ``fla-chunk`` (fla's Triton ``chunk_mesa_net``, conjugate
+gradient, on a GPU) and ``torch-exact`` (fla's plain-PyTorch exact solve, loaded by file path;
+the CPU path).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..registry import register_mixer
+from . import _fla
+from ._parts import ConvAct, GatedNorm, l2norm
+from .common import split_heads
+
+
+def mesa_core(q, k, v, *, ridge: float = 1.0, decay: float = 1.0):
+    """Global ridge least squares over the prefix on (..., T, D) inputs, causal:
+    o_i = (Σ_{j<=i} γ^{i-j} v_j k_jᵀ)(Σ_{j<=i} γ^{i-j} k_j k_jᵀ + λI)^{-1} q_i."""
+    T, K = q.shape[-2:]
+    if decay == 1.0:
+        hkk = (k.unsqueeze(-1) * k.unsqueeze(-2)).cumsum(-3)                 # (..., T, K, K)
+        hvk = (v.unsqueeze(-1) * k.unsqueeze(-2)).cumsum(-3)                 # (..., T, V, K)
+    else:
+        i = torch.arange(T, device=q.device, dtype=q.dtype)
+        lag = i[:, None] - i[None, :]
+        w = torch.where(lag >= 0, decay ** lag.clamp_min(0), torch.zeros_like(lag))
+        hkk = torch.einsum("ij,...jd,...je->...ide", w, k, k)
+        hvk = torch.einsum("ij,...jd,...je->...ide", w, v, k)
+    eye = torch.eye(K, dtype=q.dtype, device=q.device)
+    x = torch.linalg.solve(hkk + ridge * eye, q.unsqueeze(-1))
+    return (hvk @ x).squeeze(-1)
+
+
+@register_mixer("mesa", core=mesa_core,
+                core_grid={"ridge": [1e-3, 1e-2, 1e-1, 1.0, 10.0], "decay": [1.0, 0.99, 0.95]},
+                search_space={
+                    "lr": ("log", 1e-4, 3e-2),
+                    "weight_decay": ("cat", [0.0, 0.1]),
+                    "lambda_min": ("log", 0.05, 1.0),
+                })
+class MesaNet(nn.Module):
+    """MesaNet: a per-query ridge regression over the gated prefix (the Mesa layer)."""
+
+    def __init__(self, d_model: int, *, num_heads: int = 2, layer_idx: int = 0,
+                 lambda_min: float = 0.25, lambda_init: float = 1.0, conv_size: int = 4,
+                 cg_steps: int = 30, backend: str = "auto"):
+        super().__init__()
+        if d_model % num_heads:
+            raise ValueError(f"d_model={d_model} not divisible by num_heads={num_heads}")
+        if backend not in ("auto", "torch", "fla"):
+            raise ValueError(f"backend={backend!r}; allowed: auto, torch, fla")
+        if lambda_init <= lambda_min:
+            raise ValueError(f"lambda_init={lambda_init} must exceed lambda_min={lambda_min}")
+        self.h, self.dh, self.lmin, self.cg, self.requested = (
+            num_heads, d_model // num_heads, lambda_min, cg_steps, backend)
+        self.q_proj, self.k_proj, self.v_proj, self.g_proj = (
+            nn.Linear(d_model, d_model, bias=False) for _ in range(4))
+        self.q_conv, self.k_conv, self.v_conv = (ConvAct(d_model, conv_size) for _ in range(3))
+        self.a_proj = nn.Linear(d_model, num_heads, bias=True)
+        self.b_proj = nn.Linear(d_model, num_heads, bias=False)
+        nn.init.constant_(self.a_proj.bias, 3.0)          # forget gate starts near 0.95
+        init = math.log(math.expm1(lambda_init - lambda_min))
+        self.lam = nn.Parameter(torch.full((num_heads, self.dh), init))
+        self.o_norm = GatedNorm(self.dh)
+        self.o_proj = nn.Linear(d_model, d_model, bias=False)
+        self.backend = "torch-exact"
+
+    def _fast(self, x):
+        if not x.is_cuda or self.requested == "torch":
+            return None
+        fn = _fla.triton_op("fla.ops.mesa_net", "chunk_mesa_net")
+        if fn is None and self.requested == "fla":
+            raise RuntimeError("mesa: backend='fla' asked for but fla's Triton kernel is unavailable")
+        return fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tt = lambda t: t.transpose(1, 2).contiguous()          # (B, H, T, D) <-> (B, T, H, D)
+        q = l2norm(split_heads(self.q_conv(self.q_proj(x)), self.h))
+        k = l2norm(split_heads(self.k_conv(self.k_proj(x)), self.h))
+        v = split_heads(self.v_conv(self.v_proj(x)), self.h)
+        g = F.logsigmoid(self.a_proj(x).float())                # (B, T, H)
+        beta = self.b_proj(x).float().sigmoid()
+        lamb = F.softplus(self.lam.float()) + self.lmin         # (H, D)
+        fast = self._fast(x)
+        if fast is not None:
+            self.backend = "fla-chunk"
+            o, _ = fast(tt(q), tt(k), tt(v), g=g, beta=beta, lamb=lamb, max_CG_iteration=self.cg)
+        else:
+            self.backend = "torch-exact"
+            ref = _fla.naive("mesa_net", "naive_mesa_net_exact")
+            if ref is None:
+                raise RuntimeError("mesa: the reference needs flash-linear-attention installed")
+            o, _, _ = ref(tt(q), tt(k), tt(v), g=g, lamb=lamb, beta=beta)
+        return self.o_proj(self.o_norm(tt(o), self.g_proj(x)))
+
+    def state_size(self, seq_len: int) -> int:
+        return 2 * self.h * self.dh * self.dh

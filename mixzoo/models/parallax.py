@@ -1,0 +1,90 @@
+"""Parallax (Zuo et al., 2026): parameterized local linear attention.
+
+With softmax weights a_ij = softmax_j(q_i·k_j / √d) over j <= i and a learned query-side vector
+r_i = W_R x_i, each output is a_ij-weighted with corrected weights
+w_ij = a_ij (1 + t̄_i - r_i·k_j), t̄_i = Σ_j a_ij r_i·k_j,  o_i = Σ_j w_ij v_j,
+equivalently o_i = v̄_i - Σ_VK,i r_i with the softmax-weighted key-value cross-covariance.
+The weights sum to one; W_R = 0 gives softmax attention exactly. r passes through a per-head
+RMSNorm (``r_norm``) and, as an option, the same rotary embedding as q and k (``rope_r``).
+
+Paths: ``fla-parallel`` (fla's Triton ``parallel_parallax``, GPU, bf16/fp16 inputs only) and
+``torch`` (the exact O(T²) form above, any device and dtype).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..registry import register_mixer
+from . import _fla
+from .common import RMSNorm, merge_heads, rope, split_heads
+
+
+def parallax_reference(q, r, k, v, *, scale=None):
+    """Causal Parallax on (..., T, D) inputs, computed in float32 (float64 for float64)."""
+    dt = q.dtype
+    cdt = torch.float64 if dt == torch.float64 else torch.float32
+    q, r, k, v = (t.to(cdt) for t in (q, r, k, v))
+    T = q.shape[-2]
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    a = ((q @ k.transpose(-1, -2)) * scale).masked_fill(~mask, float("-inf")).softmax(-1)
+    s2 = r @ k.transpose(-1, -2)
+    tbar = (a * s2).sum(-1, keepdim=True)
+    return ((a * (1.0 + tbar - s2)) @ v).to(dt)
+
+
+@register_mixer("parallax", search_space={
+    "lr": ("log", 1e-4, 3e-2),
+    "weight_decay": ("cat", [0.0, 0.1]),
+    "rope_r": ("cat", [True, False]),
+})
+class Parallax(nn.Module):
+    """Parallax: softmax attention corrected by a learned local-linear direction r = W_R x."""
+
+    def __init__(self, d_model: int, *, num_heads: int = 2, layer_idx: int = 0,
+                 rope: bool = True, rope_r: bool = True, r_norm: bool = True, backend: str = "auto"):
+        super().__init__()
+        if d_model % num_heads:
+            raise ValueError(f"d_model={d_model} not divisible by num_heads={num_heads}")
+        if backend not in ("auto", "torch", "fla"):
+            raise ValueError(f"backend={backend!r}; allowed: auto, torch, fla")
+        self.h, self.use_rope, self.rope_r, self.requested = num_heads, rope, rope_r, backend
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.r_proj = nn.Linear(d_model, d_model, bias=False)
+        self.r_norm = RMSNorm(d_model // num_heads) if r_norm else None
+        self.out = nn.Linear(d_model, d_model, bias=False)
+        self.backend = "torch"
+
+    def _fast(self, q):
+        if not q.is_cuda or self.requested == "torch" or q.dtype not in (torch.bfloat16, torch.float16):
+            if self.requested == "fla":
+                raise RuntimeError("parallax: backend='fla' needs CUDA bf16/fp16 inputs")
+            return None
+        fn = _fla.triton_op("fla.ops.parallax", "parallel_parallax")
+        if fn is None and self.requested == "fla":
+            raise RuntimeError("parallax: backend='fla' asked for but fla's Triton kernel is unavailable")
+        return fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = (split_heads(t, self.h) for t in self.qkv(x).chunk(3, dim=-1))
+        r = split_heads(self.r_proj(x), self.h)
+        if self.r_norm is not None:
+            r = self.r_norm(r)
+        if self.use_rope:
+            q, k = rope(q), rope(k)
+            if self.rope_r:
+                r = rope(r)
+        r = r.to(q.dtype)
+        fast = self._fast(q)
+        if fast is not None:
+            self.backend = "fla-parallel"
+            tt = lambda t: t.transpose(1, 2).contiguous()
+            o = fast(tt(q), tt(r), tt(k), tt(v), scale=q.shape[-1] ** -0.5).transpose(1, 2)
+        else:
+            self.backend = "torch"
+            o = parallax_reference(q, r, k, v)
+        return self.out(merge_heads(o.to(x.dtype)))
+
+    def state_size(self, seq_len: int) -> int:
+        return 2 * self.qkv.in_features * seq_len
