@@ -1,0 +1,534 @@
+"""The sweep engine: Optuna's storage is the only coordination between workers.
+
+Each unit (task setting × mechanism) has a *search study* whose trial budget is laid out as
+``trials`` WAITING trials ("slots", user attr ``slot``), enqueued once. A worker claims a slot by
+moving it WAITING → RUNNING (the storage lets exactly one claimant win), samples its
+configuration with a TPE sampler seeded from (sampler seed, slot), trains on one seed, reports the
+validation metric at the trainer's global step for pruning, and tells the outcome (COMPLETE,
+PRUNED, or FAIL with a ``reason``). When every slot is finished, the best configuration is run
+once per final seed through a companion *final study* laid out the same way (one slot per
+seed); each final run is one leaderboard file, written only if no row of (study, seed) exists.
+
+A claimed trial carries ``owner`` (host, boot, pid, start time) and a ``heartbeat`` it refreshes.
+A RUNNING trial whose owner process is gone (same host) or whose heartbeat is older than the
+grace period (another host) is stale: the first worker to mark it FAIL (``stale``) enqueues a
+retry with the same parameters in the same slot, so the budget is met exactly.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import socket
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .spec import Unit
+
+HEARTBEAT_S = float(os.environ.get("MIXZOO_SWEEP_HEARTBEAT", "10"))
+GRACE_S = float(os.environ.get("MIXZOO_SWEEP_GRACE", "120"))
+POLL_S = float(os.environ.get("MIXZOO_SWEEP_POLL", "2"))
+
+
+# ---------------------------------------------------------------------------- identity
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
+    except OSError:
+        return "-"
+
+
+def _start_ticks(pid: int) -> str | None:
+    """The start time of ``pid`` (clock ticks since boot), None if it is gone or a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] in ("Z", "X"):
+        return None
+    return fields[19]
+
+
+def owner_token(pid: int | None = None) -> str:
+    pid = pid or os.getpid()
+    return f"{socket.gethostname()}|{_boot_id()}|{pid}|{_start_ticks(pid) or '-'}"
+
+
+def owner_alive(token: str) -> bool | None:
+    """True/False for an owner on this host; None when it lives elsewhere (use the heartbeat)."""
+    try:
+        host, boot, pid, ticks = token.split("|")
+    except ValueError:
+        return None
+    if host != socket.gethostname() or boot != _boot_id() or ticks == "-":
+        return None
+    return _start_ticks(int(pid)) == ticks
+
+
+# ---------------------------------------------------------------------------- optuna objects
+def make_sampler(unit: Unit, slot: int):
+    """TPE with every setting explicit; its seed is derived from (sampler seed, slot), so the
+    parallel workers draw different points and a sequential rerun draws the same ones."""
+    import optuna
+    s = unit.sampler
+    seed = (int(s["seed"]) * 1_000_003 + 7919 * (slot + 1)) % (2 ** 32)
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=int(s["n_startup_trials"]),
+                                      n_ei_candidates=int(s["n_ei_candidates"]),
+                                      multivariate=bool(s["multivariate"]), constant_liar=bool(s["constant_liar"]))
+
+
+def make_pruner(unit: Unit):
+    import optuna
+    p = dict(unit.pruner)
+    kind = p.pop("kind")
+    if kind == "median":
+        return optuna.pruners.MedianPruner(**p)
+    if kind == "hyperband":
+        if p.get("max_resource") is None:
+            p["max_resource"] = int(unit.fixed.get("steps", 2000))
+        return optuna.pruners.HyperbandPruner(**p)
+    if kind == "threshold":
+        return optuna.pruners.ThresholdPruner(**p)
+    return optuna.pruners.NopPruner()
+
+
+def _states():
+    from optuna.trial import TrialState
+    return TrialState
+
+
+def create_study(storage, name: str, direction: str, attrs: dict[str, Any]) -> bool:
+    """Create ``name`` unless it exists; True when this call created it."""
+    import optuna
+    try:
+        study = optuna.create_study(storage=storage, study_name=name, direction=direction,
+                                    load_if_exists=False)
+    except optuna.exceptions.DuplicatedStudyError:
+        return False
+    for k, v in attrs.items():
+        study.set_user_attr(k, v)
+    return True
+
+
+def study_id(storage, name: str) -> int | None:
+    import optuna
+    try:
+        return storage.get_study_id_from_name(name)
+    except KeyError:
+        return None
+    except optuna.exceptions.OptunaError:
+        return None
+
+
+def ensure_slots(storage, sid: int, slots: list[dict[str, Any]]) -> int:
+    """Enqueue the slots (user attrs with ``slot``) that no trial of study ``sid`` holds yet."""
+    from optuna.trial import create_trial
+    have = set(canonical(storage.get_all_trials(sid, deepcopy=False))[0])
+    n = 0
+    for s in slots:
+        if s["slot"] in have:
+            continue
+        params = s.pop("_params", {}) if "_params" in s else {}
+        t = create_trial(state=_states().WAITING, system_attrs={"fixed_params": params}, user_attrs=s)
+        storage.create_new_trial(sid, template_trial=t)
+        n += 1
+    return n
+
+
+def canonical(trials) -> tuple[dict[int, Any], list[Any]]:
+    """slot -> the trial that holds it (lowest number, not stale); and the duplicates."""
+    by_slot: dict[int, Any] = {}
+    dups = []
+    for t in sorted(trials, key=lambda t: t.number):
+        ua = t.user_attrs
+        if "slot" not in ua or ((ua.get("stale") or ua.get("duplicate")) and t.state == _states().FAIL):
+            continue
+        if ua["slot"] in by_slot:
+            dups.append(t)
+        else:
+            by_slot[ua["slot"]] = t
+    return by_slot, dups
+
+
+def is_stale(t, now: float, grace: float) -> bool:
+    if t.state != _states().RUNNING:
+        return False
+    owner = t.user_attrs.get("owner")
+    if owner:
+        alive = owner_alive(owner)
+        if alive is not None:
+            return not alive
+    last = t.user_attrs.get("heartbeat")
+    if last is None:
+        start = t.datetime_start.timestamp() if t.datetime_start else now
+        last = start
+    return now - float(last) > grace
+
+
+def reap(storage, sid: int, trials, grace: float, log: Callable[[str], None]) -> int:
+    """Mark stale RUNNING trials FAIL and enqueue their retries; returns how many this call reaped."""
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.trial import create_trial
+    TS = _states()
+    now = time.time()
+    n = 0
+    for t in trials:
+        if not is_stale(t, now, grace):
+            continue
+        try:
+            storage.set_trial_user_attr(t._trial_id, "stale", True)
+            storage.set_trial_user_attr(t._trial_id, "reason",
+                                        f"worker {t.user_attrs.get('owner', '?')} stopped (killed or lost); retried")
+            storage.set_trial_state_values(t._trial_id, state=TS.FAIL)
+        except (UpdateFinishedTrialError, RuntimeError):
+            continue  # another worker reaped it, or it just finished
+        ua = {k: v for k, v in t.user_attrs.items() if k in ("slot", "seed", "kind")}
+        ua["retry_of"] = t.number
+        params = dict(t.system_attrs.get("fixed_params") or {})
+        params.update(t.params)
+        storage.create_new_trial(t._study_id, template_trial=create_trial(
+            state=TS.WAITING, system_attrs={"fixed_params": params}, user_attrs=ua))
+        log(f"reaped stale trial {t.number} (slot {ua.get('slot')}) and re-enqueued it")
+        n += 1
+    return n
+
+
+def claim(storage, trials) -> Any | None:
+    """Move one canonical WAITING trial to RUNNING, lowest slot first; None if none was won."""
+    from optuna.exceptions import UpdateFinishedTrialError
+    TS = _states()
+    slots, dups = canonical(trials)
+    for t in dups:  # a slot enqueued twice by racing setups: retire the copy, never run it
+        if t.state == TS.WAITING:
+            with contextlib.suppress(UpdateFinishedTrialError, RuntimeError):
+                if storage.set_trial_state_values(t._trial_id, state=TS.RUNNING):
+                    storage.set_trial_user_attr(t._trial_id, "duplicate", True)
+                    storage.set_trial_user_attr(t._trial_id, "reason", "duplicate slot; not run")
+                    storage.set_trial_state_values(t._trial_id, state=TS.FAIL)
+    for slot in sorted(slots):
+        t = slots[slot]
+        if t.state != TS.WAITING:
+            continue
+        try:
+            if storage.set_trial_state_values(t._trial_id, state=TS.RUNNING):
+                storage.set_trial_user_attr(t._trial_id, "owner", owner_token())
+                storage.set_trial_user_attr(t._trial_id, "heartbeat", time.time())
+                return t
+        except (UpdateFinishedTrialError, RuntimeError):
+            continue
+    return None
+
+
+@contextlib.contextmanager
+def heartbeat(storage, trial_id: int, interval: float = HEARTBEAT_S):
+    stop = threading.Event()
+
+    def beat():
+        while not stop.wait(interval):
+            try:
+                storage.set_trial_user_attr(trial_id, "heartbeat", time.time())
+            except Exception:
+                return  # finished (or reaped) meanwhile
+    th = threading.Thread(target=beat, daemon=True, name="mixzoo-heartbeat")
+    th.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        th.join(timeout=5)
+
+
+def _finish(storage, trial_id: int, state, value: float | None = None, reason: str | None = None) -> bool:
+    from optuna.exceptions import UpdateFinishedTrialError
+    try:
+        if reason:
+            storage.set_trial_user_attr(trial_id, "reason", reason)
+        storage.set_trial_state_values(trial_id, state=state, values=None if value is None else [value])
+        return True
+    except (UpdateFinishedTrialError, RuntimeError):
+        return False
+
+
+# ---------------------------------------------------------------------------- the context
+@dataclass
+class Context:
+    storage: Any
+    storage_url: str
+    results: str
+    device: str | None
+    command: str | None
+    log: Callable[[str], None]            # terse lines (screen)
+    trainer_log: Callable[[str], None]    # verbose lines (the worker's log file)
+    grace: float = GRACE_S
+
+
+def setup(ctx: Context, units: list[Unit]) -> None:
+    """Create every search study and its slots (idempotent; safe to run from several hosts)."""
+    for u in units:
+        create_study(ctx.storage, u.study, u.direction, {"unit": unit_json(u), "kind": "search"})
+        sid = study_id(ctx.storage, u.study)
+        slots = [{"slot": i, "kind": "search"} for i in range(u.trials)]
+        for i, params in enumerate(u.enqueue[:u.trials]):
+            slots[i]["_params"] = dict(params)
+        ensure_slots(ctx.storage, sid, slots)
+
+
+def unit_json(u: Unit) -> str:
+    return json.dumps({"spec": u.spec, "preset": u.preset, "task": u.task, "task_preset": u.task_preset,
+                       "knobs": u.knobs, "model": u.model, "label": u.label, "setting": u.setting,
+                       "fixed": u.fixed, "space": u.space, "trials": u.trials, "seeds": u.seeds,
+                       "metric": u.metric, "direction": u.direction}, sort_keys=True, default=str)
+
+
+def best_trial(u: Unit, slots: dict[int, Any]):
+    TS = _states()
+    done = [t for t in slots.values() if t.state == TS.COMPLETE and t.value is not None and math.isfinite(t.value)]
+    if not done:
+        return None
+    sign = -1 if u.direction == "maximize" else 1
+    return min(done, key=lambda t: (sign * t.value, t.number))
+
+
+def unit_status(ctx: Context, u: Unit) -> dict[str, Any]:
+    """Where a unit stands: trial counts by state, the best trial, the final seeds finished."""
+    st: dict[str, Any] = {"unit": u, "counts": {}, "stale": 0, "best": None, "final_done": 0, "done": False}
+    sid = study_id(ctx.storage, u.study)
+    if sid is None:
+        return st
+    trials = ctx.storage.get_all_trials(sid, deepcopy=False)
+    slots, _ = canonical(trials)
+    st["stale"] = sum(1 for t in trials if t.user_attrs.get("stale"))
+    for t in slots.values():
+        st["counts"][t.state.name] = st["counts"].get(t.state.name, 0) + 1
+    search_done = len(slots) >= u.trials and all(t.state.is_finished() for t in slots.values())
+    st["best"] = best_trial(u, slots) if search_done else None
+    if search_done and st["best"] is None:
+        st["done"] = True
+        return st
+    fid = study_id(ctx.storage, u.final_study)
+    if fid is not None:
+        fslots, _ = canonical(ctx.storage.get_all_trials(fid, deepcopy=False))
+        st["final_done"] = sum(1 for t in fslots.values() if t.state.is_finished())
+        st["done"] = search_done and len(fslots) >= len(u.seeds) and st["final_done"] >= len(u.seeds)
+    return st
+
+
+def search_state(ctx: Context, u: Unit):
+    sid = study_id(ctx.storage, u.study)
+    trials = ctx.storage.get_all_trials(sid, deepcopy=False)
+    return sid, trials
+
+
+def step(ctx: Context, units: list[Unit]) -> str:
+    """Do one piece of work if any can be claimed: 'worked', 'wait' (others are busy) or 'done'."""
+    waiting = False
+    for u in units:
+        sid, trials = search_state(ctx, u)
+        if sid is None:
+            setup(ctx, [u])
+            sid, trials = search_state(ctx, u)
+        if reap(ctx.storage, sid, trials, ctx.grace, ctx.log):
+            trials = ctx.storage.get_all_trials(sid, deepcopy=False)
+        slots, _ = canonical(trials)
+        if len(slots) < u.trials:  # a setup was cut short: lay the missing slots
+            setup(ctx, [u])
+            return "worked"
+        if not all(t.state.is_finished() for t in slots.values()):
+            t = claim(ctx.storage, trials)
+            if t is not None:
+                run_search_trial(ctx, u, t)
+                return "worked"
+            waiting = True
+            continue
+        best = best_trial(u, slots)
+        if best is None:
+            continue  # every trial failed or was pruned: nothing to run over seeds
+        fid = ensure_final(ctx, u, best)
+        ftrials = ctx.storage.get_all_trials(fid, deepcopy=False)
+        if reap(ctx.storage, fid, ftrials, ctx.grace, ctx.log):
+            ftrials = ctx.storage.get_all_trials(fid, deepcopy=False)
+        fslots, _ = canonical(ftrials)
+        if len(fslots) < len(u.seeds):
+            ensure_final(ctx, u, best, repair=True)
+            return "worked"
+        if all(t.state.is_finished() for t in fslots.values()):
+            continue
+        t = claim(ctx.storage, ftrials)
+        if t is not None:
+            run_final(ctx, u, fid, t)
+            return "worked"
+        waiting = True
+    return "wait" if waiting else "done"
+
+
+def work(ctx: Context, units: list[Unit], stop: Callable[[], bool] = lambda: False) -> None:
+    """A worker: claim and run trials and final seeds until nothing is left."""
+    while not stop():
+        r = step(ctx, units)
+        if r == "done":
+            return
+        if r == "wait":
+            time.sleep(POLL_S)
+
+
+# ---------------------------------------------------------------------------- search trials
+def suggest(trial, space: dict[str, tuple]) -> dict[str, Any]:
+    out = {}
+    for name, entry in space.items():
+        kind = entry[0]
+        if kind == "log":
+            out[name] = trial.suggest_float(name, entry[1], entry[2], log=True)
+        elif kind == "float":
+            out[name] = trial.suggest_float(name, entry[1], entry[2])
+        elif kind == "int":
+            out[name] = trial.suggest_int(name, entry[1], entry[2])
+        else:
+            out[name] = trial.suggest_categorical(name, entry[1])
+    return out
+
+
+def pruning_hook(trial, metric: str):
+    """``on_eval`` for the trainer: report the validation metric at the global step, prune if told."""
+    import optuna
+
+    def on_eval(step: int, val: dict[str, float]) -> None:
+        v = val.get(metric)
+        if v is None or not math.isfinite(v):
+            return  # the trainer itself fails the run on a non-finite value
+        trial.report(float(v), step=int(step))
+        if trial.should_prune():
+            raise optuna.TrialPruned(f"pruned at step {step}: validation {metric} {v:.4g}")
+    return on_eval
+
+
+def run_search_trial(ctx: Context, u: Unit, frozen) -> None:
+    import optuna
+    from optuna.trial import TrialState as TS
+
+    from .. import api
+    slot = frozen.user_attrs["slot"]
+    study = optuna.load_study(study_name=u.study, storage=ctx.storage, sampler=make_sampler(u, slot),
+                              pruner=make_pruner(u))
+    trial = optuna.Trial(study, frozen._trial_id)
+    tag = f"{u.task}[{u.label}] {u.model} trial {frozen.number} (slot {slot})"
+    with heartbeat(ctx.storage, frozen._trial_id):
+        try:
+            params = suggest(trial, u.space)
+            ctx.trainer_log(f"start {tag}: {json.dumps(params, default=str)}")
+            rows = api.run(u.task, u.model, knobs=u.knobs, preset=u.task_preset, hparams={**u.fixed, **params},
+                           recipe=u.recipe, seeds=(u.search_seed,), results=None, device=ctx.device,
+                           study=u.study, trial=frozen.number, command=ctx.command, log=ctx.trainer_log,
+                           on_eval=pruning_hook(trial, u.metric))
+            row = rows[0]
+        except optuna.TrialPruned as e:
+            _finish(ctx.storage, frozen._trial_id, TS.PRUNED, reason=str(e) or "pruned")
+            ctx.log(f"{tag}: PRUNED ({e})")
+            return
+        except Exception as e:
+            ctx.trainer_log(traceback.format_exc())
+            why = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+            _finish(ctx.storage, frozen._trial_id, TS.FAIL, reason=why)
+            ctx.log(f"{tag}: FAIL ({why})")
+            return
+    if row["state"] == "COMPLETE" and row["val_metric_value"] is not None:
+        v = float(row["val_metric_value"])
+        for k in ("steps", "best_step", "steps_per_s", "params"):
+            with contextlib.suppress(Exception):
+                ctx.storage.set_trial_user_attr(frozen._trial_id, k, row[k])
+        ok = _finish(ctx.storage, frozen._trial_id, TS.COMPLETE, value=v)
+        ctx.log(f"{tag}: val {u.metric} {v:.4f}" + ("" if ok else " (already finished elsewhere; ignored)"))
+    else:
+        why = row.get("state_reason") or "failed"
+        _finish(ctx.storage, frozen._trial_id, TS.FAIL, reason=why)
+        ctx.log(f"{tag}: FAIL ({why})")
+
+
+# ---------------------------------------------------------------------------- final runs
+def ensure_final(ctx: Context, u: Unit, best, repair: bool = False) -> int:
+    hp = {**u.fixed, **best.params}
+    attrs = {"kind": "final", "search_study": u.study, "best_trial": best.number, "best_value": best.value,
+             "hparams": json.dumps(hp, sort_keys=True, default=str), "owner": owner_token(), "created": time.time()}
+    created = create_study(ctx.storage, u.final_study, u.direction, attrs)
+    fid = study_id(ctx.storage, u.final_study)
+    if created or repair:
+        ensure_slots(ctx.storage, fid, [{"slot": i, "seed": s, "kind": "final"} for i, s in enumerate(u.seeds)])
+        return fid
+    # created elsewhere: lay missing slots only if its creator is gone (its setup was cut short)
+    slots, _ = canonical(ctx.storage.get_all_trials(fid, deepcopy=False))
+    if len(slots) < len(u.seeds):
+        import optuna
+        sa = optuna.load_study(study_name=u.final_study, storage=ctx.storage).user_attrs
+        alive = owner_alive(sa.get("owner", ""))
+        if alive is False or (alive is None and time.time() - float(sa.get("created", 0)) > ctx.grace):
+            ensure_slots(ctx.storage, fid, [{"slot": i, "seed": s, "kind": "final"} for i, s in enumerate(u.seeds)])
+    return fid
+
+
+def existing_rows(results: str, task: str, study: str) -> dict[int, dict]:
+    """seed -> row of the leaderboard for ``study`` (only the columns needed)."""
+    import pyarrow.parquet as pq
+
+    from ..leaderboard import files
+    out = {}
+    for p in files(results):
+        if f"task={task}" not in p.parts:
+            continue
+        try:
+            t = pq.read_table(p, columns=["study", "seed", "metric_value", "state"])
+        except Exception:
+            continue
+        for r in t.to_pylist():
+            if r["study"] == study:
+                out[int(r["seed"])] = r
+    return out
+
+
+def run_final(ctx: Context, u: Unit, fid: int, frozen) -> None:
+    import optuna
+    from optuna.trial import TrialState as TS
+
+    from .. import api
+    from ..leaderboard import write_rows
+    seed = int(frozen.user_attrs["seed"])
+    sa = optuna.load_study(study_name=u.final_study, storage=ctx.storage).user_attrs
+    hp, best = json.loads(sa["hparams"]), int(sa["best_trial"])
+    tag = f"{u.task}[{u.label}] {u.model} best trial {best}, seed {seed}"
+    with heartbeat(ctx.storage, frozen._trial_id):
+        have = existing_rows(ctx.results, u.task, u.study)
+        if seed in have:  # written before a crash: never twice
+            r = have[seed]
+            _finish(ctx.storage, frozen._trial_id, TS.COMPLETE if r["state"] == "COMPLETE" else TS.FAIL,
+                    value=r["metric_value"] if r["state"] == "COMPLETE" else None,
+                    reason=None if r["state"] == "COMPLETE" else "row already in the leaderboard")
+            ctx.log(f"{tag}: row already in the leaderboard")
+            return
+        try:
+            ctx.trainer_log(f"start final {tag}: {json.dumps(hp, default=str)}")
+            rows = api.run(u.task, u.model, knobs=u.knobs, preset=u.task_preset, hparams=hp, recipe=u.recipe,
+                           seeds=(seed,), results=None, device=ctx.device, study=u.study, trial=best,
+                           command=ctx.command, log=ctx.trainer_log)
+        except Exception as e:
+            ctx.trainer_log(traceback.format_exc())
+            why = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+            _finish(ctx.storage, frozen._trial_id, TS.FAIL, reason=why)
+            ctx.log(f"{tag}: FAIL ({why})")
+            return
+        row = rows[0]
+        now = ctx.storage.get_trial(frozen._trial_id)
+        if now.state != TS.RUNNING or seed in existing_rows(ctx.results, u.task, u.study):
+            ctx.log(f"{tag}: finished elsewhere meanwhile; row not written")
+            return
+        write_rows(ctx.results, rows)
+    if row["state"] == "COMPLETE":
+        _finish(ctx.storage, frozen._trial_id, TS.COMPLETE, value=float(row["metric_value"]))
+        ctx.log(f"{tag}: test {u.metric} {row['metric_value']:.4f}")
+    else:
+        _finish(ctx.storage, frozen._trial_id, TS.FAIL, reason=row.get("state_reason") or "failed")
+        ctx.log(f"{tag}: FAIL ({row.get('state_reason')})")

@@ -1,0 +1,335 @@
+"""What ``mixzoo sweep`` and ``mixzoo compare`` do: set up, start workers, wait, summarize."""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError
+from . import engine
+from .spec import Spec, Unit, builtin_names, load, merge, read_raw
+from .storage import check_parallel, mask, open_storage, resolve, scrub
+
+
+def load_spec(spec: str, preset: str | None = None, **kw) -> Spec:
+    return load(spec, preset, **kw)
+
+
+def print_plan(spec: Spec) -> None:
+    print(f"spec {spec.name} [{spec.preset or '-'}] ({spec.source}): {len(spec.units)} studies")
+    for u in spec.units:
+        print(f"  {u.study}  trials {u.trials}, seeds {u.seeds}, space {', '.join(u.space) or '(none)'}")
+
+
+# ---------------------------------------------------------------------------- logs
+class Logs:
+    """Terse lines to the screen (and the file); the trainer's lines to the file only."""
+
+    def __init__(self, results: str, spec: str, url: str, prefix: str = ""):
+        d = Path(results) / "sweeps" / "logs"
+        d.mkdir(parents=True, exist_ok=True)
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in spec)
+        self.path = d / f"{safe}-{socket.gethostname()}-{os.getpid()}.log"
+        self._f = open(self.path, "a", buffering=1)
+        self.url, self.prefix = url, prefix
+
+    def file(self, msg: str) -> None:
+        self._f.write(f"{_dt.datetime.now():%H:%M:%S} {scrub(msg, self.url)}\n")
+
+    def screen(self, msg: str) -> None:
+        msg = scrub(msg, self.url)
+        self.file(msg)
+        print(f"{self.prefix}{msg}", flush=True)
+
+
+def _context(args, storage_url: str, spec: Spec, prefix: str = "") -> engine.Context:
+    logs = Logs(args.results, spec.name, storage_url, prefix)
+    from ..api import command_line
+    command = os.environ.get("MIXZOO_SWEEP_COMMAND") or mask(command_line())
+    return engine.Context(storage=open_storage(storage_url), storage_url=storage_url, results=str(args.results),
+                          device=args.device, command=scrub(command, storage_url), log=logs.screen,
+                          trainer_log=logs.file)
+
+
+def worker_main(args, spec: Spec, storage: str | None) -> int:
+    url = resolve(storage, args.results)
+    ctx = _context(args, url, spec, prefix=f"[w{args.worker_index}] ")
+    try:
+        engine.work(ctx, spec.units)
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+# ---------------------------------------------------------------------------- coordinator
+def _worker_argv(args, spec: Spec, spec_arg: str, index: int) -> list[str]:
+    p = Path(spec_arg)
+    spec_arg = str(p.resolve()) if (p.suffix in (".toml", ".json") or p.is_file()) else spec_arg
+    argv = [sys.executable, "-m", "mixzoo", "--results", str(Path(args.results).resolve()), "--device", str(args.device)]
+    for plugin in args.plugin:
+        argv += ["--plugin", str(Path(plugin).resolve())]
+    argv += ["sweep", spec_arg, "--worker-index", str(index)]
+    if spec.preset:
+        argv += ["--preset", spec.preset]
+    for k in ("models", "tasks", "trials", "seeds"):
+        v = getattr(args, k, None)
+        if v is not None and not (args.command == "compare" and k == "models"):
+            argv += [f"--{k}", str(v)]
+    return argv
+
+
+def _gpu_env(device: str | None, index: int) -> dict[str, str]:
+    if device not in (None, "auto", "cuda") or "CUDA_VISIBLE_DEVICES" in os.environ:
+        return {}
+    try:
+        import torch
+        n = torch.cuda.device_count()
+    except Exception:
+        n = 0
+    return {"CUDA_VISIBLE_DEVICES": str(index % n)} if n > 1 else {}
+
+
+def coordinate(args, spec: Spec, storage: str | None, spec_arg: str) -> int:
+    url = resolve(storage, args.results)
+    check_parallel(url, args.workers)
+    ctx = _context(args, url, spec)
+    where = mask(url)
+    print(f"sweep {spec.name} [{spec.preset or '-'}]: {len(spec.units)} studies "
+          f"({len(spec.units[0].seeds) if spec.units else 0} final seeds each), storage {where}, "
+          f"{args.workers} worker(s); worker logs under {Path(args.results) / 'sweeps' / 'logs'}", flush=True)
+    engine.setup(ctx, spec.units)
+    t0 = time.time()
+    failed_workers = []
+    if args.workers <= 1:
+        try:
+            engine.work(ctx, spec.units)
+        except KeyboardInterrupt:
+            print("interrupted; rerun the same command to resume", file=sys.stderr)
+            return 130
+    else:
+        env = {**os.environ, "MIXZOO_STORAGE": url, "MIXZOO_SWEEP_COMMAND": ctx.command or ""}
+        procs = []
+        for i in range(args.workers):
+            procs.append(subprocess.Popen(_worker_argv(args, spec, spec_arg, i), env={**env, **_gpu_env(args.device, i)}))
+        print(f"started workers (pids {', '.join(str(p.pid) for p in procs)})", flush=True)
+        try:
+            for i, p in enumerate(procs):
+                if p.wait() != 0:
+                    failed_workers.append((i, p.returncode))
+        except KeyboardInterrupt:
+            for p in procs:
+                p.wait()
+            print("interrupted; rerun the same command to resume", file=sys.stderr)
+            return 130
+    status = [engine.unit_status(ctx, u) for u in spec.units]
+    print_summary(ctx, status, time.time() - t0)
+    export_trials(ctx, spec, status)
+    for i, rc in failed_workers:
+        why = f"signal {-rc}" if rc < 0 else f"exit code {rc}"
+        print(f"worker {i} stopped with {why}", file=sys.stderr)
+    incomplete = [s for s in status if not s["done"]]
+    if incomplete:
+        print(f"sweep incomplete: {len(incomplete)} of {len(status)} studies unfinished; "
+              f"rerun the same command to resume", file=sys.stderr)
+        return 1
+    return 0
+
+
+# ---------------------------------------------------------------------------- summary
+def _mean_std(vals: list[float]) -> tuple[float, float]:
+    m = sum(vals) / len(vals)
+    s = math.sqrt(sum((v - m) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
+    return m, s
+
+
+def final_values(ctx: engine.Context, u: Unit) -> list[float]:
+    rows = engine.existing_rows(ctx.results, u.task, u.study)
+    return [r["metric_value"] for s, r in sorted(rows.items())
+            if r["state"] == "COMPLETE" and r["metric_value"] is not None and s in u.seeds]
+
+
+def print_summary(ctx: engine.Context, status: list[dict], elapsed: float) -> None:
+    from ..leaderboard.views import format_table
+    body = []
+    for st in status:
+        u: Unit = st["unit"]
+        c = st["counts"]
+        best = st["best"]
+        vals = final_values(ctx, u)
+        test = f"{_mean_std(vals)[0]:.4f} ± {_mean_std(vals)[1]:.4f}" if vals else "-"
+        hp = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in (best.params if best else {}).items())
+        body.append([u.task, u.label, u.model,
+                     f"{c.get('COMPLETE', 0)}/{c.get('PRUNED', 0)}/{c.get('FAIL', 0)}", st["stale"],
+                     f"{best.value:.4f}" if best else "-", hp or "-", test, f"{len(vals)}/{len(u.seeds)}",
+                     "done" if st["done"] else "unfinished"])
+    print(format_table(["task", "setting", "model", "trials C/P/F", "retried", "best val", "best hparams",
+                        "test (mean ± std)", "seeds", "state"], body))
+    print(f"({elapsed:.0f} s; leaderboard rows under {Path(ctx.results) / 'leaderboard'})", flush=True)
+
+
+def export_trials(ctx: engine.Context, spec: Spec, status: list[dict]) -> Path | None:
+    """Every trial of the spec's studies (pruned, failed and retried ones included) as one Parquet
+    file, ``<results>/sweeps/trials/<spec>[-<preset>].parquet``, replaced at each run."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    rows: list[dict[str, Any]] = []
+    for st in status:
+        u: Unit = st["unit"]
+        for name, kind in ((u.study, "search"), (u.final_study, "final")):
+            sid = engine.study_id(ctx.storage, name)
+            if sid is None:
+                continue
+            for t in ctx.storage.get_all_trials(sid, deepcopy=False):
+                ua = t.user_attrs
+                rows.append({"spec": u.spec, "preset": u.preset, "study": u.study, "phase": kind, "task": u.task,
+                             "setting": u.label, "model": u.model, "trial": t.number, "slot": ua.get("slot"),
+                             "seed": ua.get("seed", u.search_seed if kind == "search" else None),
+                             "state": t.state.name, "value": t.value, "reason": ua.get("reason"),
+                             "params_json": json.dumps(t.params, sort_keys=True, default=str),
+                             "retry_of": ua.get("retry_of"), "stale": bool(ua.get("stale", False)),
+                             "duration_s": t.duration.total_seconds() if t.duration else None})
+    if not rows:
+        return None
+    d = Path(ctx.results) / "sweeps" / "trials"
+    d.mkdir(parents=True, exist_ok=True)
+    out = d / f"{spec.name}{'-' + spec.preset if spec.preset else ''}.parquet"
+    tmp = d / f".tmp-{uuid.uuid4().hex}.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), tmp)
+    os.replace(tmp, out)
+    return out
+
+
+# ---------------------------------------------------------------------------- compare
+GENERIC = {"trials": 8, "seeds": 3, "train": {"steps": 1000, "eval_every": 200}}
+
+
+def _spec_for_task(task: str) -> tuple[dict, str]:
+    """The raw built-in spec whose tasks include ``task`` (its name), or a generic budget."""
+    for name in builtin_names():
+        raw, _, _ = read_raw(name)
+        if task in raw.get("tasks", {}):
+            return raw, name
+    return dict(GENERIC), "generic"
+
+
+def compare(args, storage: str | None) -> int:
+    from ..commands import literal, parse_pairs
+    from ..registry import get_task
+    get_task(args.task)
+    if "=" not in args.axis or not args.axis.split("=", 1)[0] or not args.axis.split("=", 1)[1]:
+        raise UsageError(f"--axis {args.axis!r} is not KNOB=V1,V2,...")
+    axis, vals = args.axis.split("=", 1)
+    values = [literal(v) for v in vals.split(",") if v.strip()]
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    if not models:
+        raise UsageError("--models is empty; allowed: a comma-separated list, e.g. softmax,lla")
+    raw, base = _spec_for_task(args.task)
+    presets = raw.pop("presets", {}) or {}
+    preset = args.preset or raw.get("default_preset")
+    if preset is not None:
+        if preset not in presets:
+            raise UsageError(f"unknown preset {preset!r} for task {args.task} (built-in spec {base}); "
+                             f"allowed: {', '.join(sorted(presets)) or '(none)'}")
+        raw = merge(raw, presets[preset])
+    tt = dict(raw.get("tasks", {}).get(args.task, {}))
+    fixed = {**tt.get("knobs", {}), **{k: literal(v) for k, v in parse_pairs(args.set, "--set").items()}}
+    fixed.pop(axis, None)
+    tt.update({"knobs": fixed, "grid": {axis: values}, "settings": [{}]})
+    tt.pop("models", None)
+    if args.task_preset:
+        tt["preset"] = args.task_preset
+    raw.update({"name": f"compare-{args.task}-{axis}", "tasks": {args.task: tt}, "models": models})
+    raw.update({"default_preset": preset, "presets": {preset: {}}} if preset else {})
+    raw.pop("ttr", None)
+    spec = load(raw["name"], None, raw=raw, trials=args.trials, seeds=args.seeds)
+    d = Path(args.results) / "sweeps" / "compare"
+    d.mkdir(parents=True, exist_ok=True)
+    spec_file = d / f"{spec.name}{'-' + preset if preset else ''}.json"
+    spec_file.write_text(json.dumps({k: v for k, v in raw.items()}, indent=1, default=str))
+    args.preset = None
+    rc = coordinate(args, spec, storage, spec_arg=str(spec_file))
+    rows = compare_rows(args.results, spec)
+    print()
+    print_compare(rows, spec, axis, values, models)
+    if rows:
+        out = Path(args.out) if args.out else Path(args.results) / "sweeps" / f"compare-{args.task}-{axis}.png"
+        out = plot(rows, task=args.task, axis=axis, out=out, models=models)
+        print(f"plot: {out}")
+    return rc
+
+
+def compare_rows(results: str, spec: Spec) -> list[dict]:
+    from ..leaderboard import read_table
+    studies = {u.study: u for u in spec.units}
+    out = []
+    for r in read_table(results).to_pylist():
+        u = studies.get(r.get("study"))
+        if u is not None and r["seed"] in u.seeds:
+            out.append({**r, "_setting": u.setting})
+    return out
+
+
+def print_compare(rows: list[dict], spec: Spec, axis: str, values: list, models: list[str]) -> None:
+    from ..leaderboard.views import format_table
+    metric = spec.units[0].metric if spec.units else "metric"
+    body = []
+    for m in models:
+        line = [m]
+        for v in values:
+            vals = [r["metric_value"] for r in rows if r["model"] == m and r["_setting"].get(axis) == v
+                    and r["state"] == "COMPLETE" and r["metric_value"] is not None]
+            line.append(f"{_mean_std(vals)[0]:.4f} ± {_mean_std(vals)[1]:.4f}" if vals else "-")
+        body.append(line)
+    print(f"test {metric} (mean ± std over seeds) against {axis}:")
+    print(format_table(["model", *[f"{axis}={v}" for v in values]], body))
+
+
+def plot(rows: list[dict], *, task: str, axis: str, out: Path, models: list[str]) -> Path:
+    """The leaderboard's plot when it is there; otherwise a plain matplotlib line per mechanism."""
+    import pyarrow as pa
+    clean = [{k: v for k, v in r.items() if k != "_setting"} for r in rows]
+    for r, src in zip(clean, rows):
+        r.setdefault(f"knob_{axis}", src["_setting"].get(axis))
+    try:
+        from ..leaderboard.plot import plot_metric_vs_axis
+    except ImportError:
+        plot_metric_vs_axis = None
+    if plot_metric_vs_axis is not None:
+        return Path(plot_metric_vs_axis(pa.Table.from_pylist(clean), task=task, axis=axis, out=out, models=models))
+    return _plot_fallback(rows, task=task, axis=axis, out=out, models=models)
+
+
+def _plot_fallback(rows: list[dict], *, task: str, axis: str, out: Path, models: list[str]) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    metric = rows[0]["metric_name"] if rows else "metric"
+    for m in models:
+        pts: dict[Any, list[float]] = {}
+        for r in rows:
+            if r["model"] == m and r["state"] == "COMPLETE" and r["metric_value"] is not None:
+                pts.setdefault(r["_setting"].get(axis), []).append(r["metric_value"])
+        xs = sorted(pts, key=lambda x: (isinstance(x, str), x))
+        if not xs:
+            continue
+        ms = [_mean_std(pts[x]) for x in xs]
+        ax.errorbar([str(x) if isinstance(x, str) else x for x in xs], [a for a, _ in ms], yerr=[b for _, b in ms],
+                    marker="o", capsize=3, label=m)
+    ax.set_xlabel(axis)
+    ax.set_ylabel(f"test {metric}")
+    ax.set_title(f"{task}: {metric} against {axis} (mean ± std over seeds)")
+    ax.legend()
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
