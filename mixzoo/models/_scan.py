@@ -14,8 +14,19 @@ and their GPU path where fla's kernels cannot run. Layout (B, H, T, D), head-fir
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
+
+
+def _no_autocast(fn):
+    """Run ``fn`` with autocast off, so that its float32 matmuls stay float32 under bf16 autocast."""
+    @functools.wraps(fn)
+    def wrapped(q, *args, **kwargs):
+        with torch.autocast(q.device.type, enabled=False):
+            return fn(q, *args, **kwargs)
+    return wrapped
 
 
 def _chunked(x: torch.Tensor, C: int, pad_value: float = 0.0) -> torch.Tensor:
@@ -32,6 +43,7 @@ def _sign_from_parity(p: torch.Tensor) -> torch.Tensor:
     return 1.0 - 2.0 * torch.remainder(p, 2)
 
 
+@_no_autocast
 def simple_gla_chunk(q, k, v, g, *, scale: float = 1.0, neg: torch.Tensor | None = None,
                      chunk: int = 64) -> torch.Tensor:
     """q, k: (B, H, T, K); v: (B, H, T, V); g: (B, H, T) log-magnitude of the decay (<= 0);
@@ -87,6 +99,7 @@ def simple_gla_recurrent(q, k, v, g, *, scale: float = 1.0, neg=None) -> torch.T
     return (torch.stack(out, 2) * scale).to(q.dtype)
 
 
+@_no_autocast
 def gated_delta_chunk(q, k, v, g, beta, *, scale: float = 1.0, chunk: int = 64) -> torch.Tensor:
     """q, k: (B, H, T, K); v: (B, H, T, V); g: (B, H, T) log-decay; beta: (B, H, T).
     Returns (B, H, T, V) in q's dtype, computed in float32 (float64 for float64 inputs)."""

@@ -90,7 +90,7 @@ class GatedDeltaNet(nn.Module):
         if fast is not None:
             self.backend = "fla-chunk"
             tt = lambda t: t.transpose(1, 2).contiguous()
-            o, _ = fast(tt(q), tt(k), tt(v), g=tt(g), beta=tt(beta), scale=self.dh ** -0.5)
+            o = fast(tt(q), tt(k), tt(v), g=tt(g), beta=tt(beta), scale=self.dh ** -0.5)[0]
             o = o.transpose(1, 2)
         else:
             self.backend = "torch-chunk"

@@ -60,7 +60,7 @@ class GatedLinearAttention(nn.Module):
         fast = self._fast(x)
         if fast is not None:
             self.backend = "fla-chunk"
-            o, _ = fast(q, k, v, g=gk, scale=self.dk ** -0.5)
+            o = fast(q, k, v, g=gk.to(q.dtype), scale=self.dk ** -0.5)[0]
         else:
             self.backend = "torch-recurrent"
             ref = _fla.naive("gla", "naive_recurrent_gla")

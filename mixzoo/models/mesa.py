@@ -93,7 +93,7 @@ class MesaNet(nn.Module):
         fast = self._fast(x)
         if fast is not None:
             self.backend = "fla-chunk"
-            o, _ = fast(tt(q), tt(k), tt(v), g=g, beta=beta, lamb=lamb, max_CG_iteration=self.cg)
+            o = fast(tt(q), tt(k), tt(v), g=g, beta=beta, lamb=lamb, max_CG_iteration=self.cg)[0]
         else:
             self.backend = "torch-exact"
             ref = _fla.naive("mesa_net", "naive_mesa_net_exact")

@@ -28,10 +28,11 @@ def parallax_reference(q, r, k, v, *, scale=None):
     T = q.shape[-2]
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-    a = ((q @ k.transpose(-1, -2)) * scale).masked_fill(~mask, float("-inf")).softmax(-1)
-    s2 = r @ k.transpose(-1, -2)
-    tbar = (a * s2).sum(-1, keepdim=True)
-    return ((a * (1.0 + tbar - s2)) @ v).to(dt)
+    with torch.autocast(q.device.type, enabled=False):
+        a = ((q @ k.transpose(-1, -2)) * scale).masked_fill(~mask, float("-inf")).softmax(-1)
+        s2 = r @ k.transpose(-1, -2)
+        tbar = (a * s2).sum(-1, keepdim=True)
+        return ((a * (1.0 + tbar - s2)) @ v).to(dt)
 
 
 @register_mixer("parallax", search_space={

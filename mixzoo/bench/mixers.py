@@ -1,0 +1,110 @@
+"""``mixzoo bench mixers``: forward+backward time and peak memory of every mechanism, side by side.
+
+Default shape: batch 8, length 1024, width 128, 2 heads, one mixer layer, bf16 autocast on a
+GPU (float32 on a CPU); the time is the median of timed steps after warm-up (a mechanism's
+first GPU call may autotune Triton kernels for minutes). ``--quick``: batch 2, length 64,
+width 32, for a smoke run on a CPU in seconds.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+
+FULL = dict(batch=8, seq_len=1024, d_model=128, num_heads=2, warmup=3, iters=20)
+QUICK = dict(batch=2, seq_len=64, d_model=32, num_heads=2, warmup=1, iters=3)
+
+
+def bench_mixers(names=None, *, batch: int = 8, seq_len: int = 1024, d_model: int = 128, num_heads: int = 2,
+                 device: str | None = None, warmup: int = 3, iters: int = 20, knobs: dict | None = None,
+                 log=None) -> list[dict]:
+    """One row per mechanism: backend, params, median fwd+bwd milliseconds, peak memory bytes
+    (CUDA only) or an error."""
+    import torch
+
+    from ..registry import mixers
+    reg = mixers()
+    names = list(names or reg)
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    cuda = dev.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    rows = []
+    for name in names:
+        row = {"mechanism": name, "batch": batch, "seq_len": seq_len, "d_model": d_model,
+               "num_heads": num_heads, "device": str(dev), "dtype": "bf16-autocast" if cuda else "float32"}
+        try:
+            torch.manual_seed(0)
+            m = reg[name].cls(d_model, num_heads=num_heads, layer_idx=0, **((knobs or {}).get(name, {}))).to(dev)
+            row["params"] = sum(p.numel() for p in m.parameters())
+            x = torch.randn(batch, seq_len, d_model, device=dev, requires_grad=True)
+            gy = torch.randn(batch, seq_len, d_model, device=dev)
+
+            def step(m=m, x=x, gy=gy):
+                with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cuda):
+                    y = m(x)
+                y.backward(gy.to(y.dtype))
+                m.zero_grad(set_to_none=True)
+                x.grad = None
+
+            t0 = time.perf_counter()
+            for _ in range(warmup):
+                step()
+            sync()
+            row["warmup_s"] = round(time.perf_counter() - t0, 2)
+            if cuda:
+                torch.cuda.reset_peak_memory_stats(dev)
+                base = torch.cuda.memory_allocated(dev)
+            times = []
+            for _ in range(iters):
+                sync()
+                t = time.perf_counter()
+                step()
+                sync()
+                times.append(time.perf_counter() - t)
+            row["ms"] = round(1e3 * statistics.median(times), 3)
+            row["peak_mem_bytes"] = int(torch.cuda.max_memory_allocated(dev) - base) if cuda else None
+            row["backend"] = getattr(m, "backend", "torch")
+            del m, x, gy, step
+            if cuda:
+                torch.cuda.empty_cache()
+        except Exception as e:
+            row["error"] = f"{type(e).__name__}: {e}"[:200]
+        if log:
+            log(row)
+        rows.append(row)
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    lines = [f"{'mechanism':<12} {'backend':<18} {'params':>9} {'fwd+bwd ms':>11} {'peak MiB':>9} {'warm-up s':>9}"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"{r['mechanism']:<12} error: {r['error']}")
+            continue
+        mem = f"{r['peak_mem_bytes'] / 2**20:.1f}" if r.get("peak_mem_bytes") is not None else "-"
+        lines.append(f"{r['mechanism']:<12} {r['backend']:<18} {r['params']:>9} {r['ms']:>11.2f} {mem:>9} "
+                     f"{r['warmup_s']:>9}")
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    import torch
+    shape = QUICK if getattr(args, "quick", False) else FULL
+    dev = getattr(args, "device", "auto")
+    dev = None if dev in (None, "", "auto") else dev
+    device = dev or ("cuda" if torch.cuda.is_available() else "cpu")
+    where = torch.cuda.get_device_name(0) if device.startswith("cuda") else "CPU"
+    print(f"bench mixers: batch {shape['batch']}, length {shape['seq_len']}, width {shape['d_model']}, "
+          f"{shape['num_heads']} heads, one layer, forward+backward; "
+          f"{'bf16 autocast' if device.startswith('cuda') else 'float32'} on {where}, torch {torch.__version__}; "
+          f"median of {shape['iters']} steps after {shape['warmup']} warm-up", flush=True)
+    log = lambda r: print(f"  {r['mechanism']}: " + (r.get("error") or f"{r['ms']:.2f} ms ({r['backend']})"),
+                          file=sys.stderr, flush=True)
+    rows = bench_mixers(device=device, log=log, **shape)
+    print(format_table(rows))
+    if getattr(args, "out", None):
+        with open(args.out, "w") as f:
+            json.dump({"rows": rows, "torch": torch.__version__, "device_name": where}, f, indent=1)
+        print(f"written {args.out}")
+    return 1 if any("error" in r for r in rows) else 0
