@@ -1,0 +1,405 @@
+"""Causal Local Linear Attention in Triton: forward and backward (an autograd Function).
+
+Math (the estimator of ``reference.py``; FlashLLA's, with its ridge λ·ω written for normalized weights).
+For query i over keys j <= i, a_ij = softmax_j(scale q_i . k_j), k̄ = Σ a k, b = k̄ - q (the first moment about
+the query), C = Σ a (k - k̄)(k - k̄)ᵀ + λ I:
+
+    y = C⁻¹ b,   η = bᵀ y,   o_i = Σ_j a_ij (1 - y . (k_j - k̄)) v_j
+
+The moments about the query are recovered exactly: Ŝ = Σ a (k - q)(k - q)ᵀ + λI = C + b bᵀ, so by
+Sherman–Morrison ρ = Ŝ⁻¹ b = y / (1 + η) and δ̂ = 1 - bᵀρ = 1 / (1 + η) (FlashLLA's ρ and δ/ω).
+
+Algorithm (chosen for speed; see benchmarks/lla_notes.md for the measurements):
+
+* Matrix-free conjugate gradients on the *centred* matrix C, never Ŝ. Ŝ = C + b bᵀ carries a rank-one
+  outlier of size |k̄ - q|² and the intercept form divides by δ̂ (error amplified by 1 + η); C has neither,
+  so CG reaches the accuracy bf16 allows in fewer iterations. Each iteration re-streams the causal prefix
+  of K once (one QKᵀ recompute, two matmuls).
+* Early exit per query tile: a tile stops as soon as every row has ‖r‖ <= tol·‖r₀‖ (default tol 1e-3,
+  at most ``max_iter`` = 32 iterations). FlashLLA always runs its 32 iterations (its tolerance, 1e-12 on
+  the squared norm, is out of reach in bf16). Optional Jacobi preconditioning (``jacobi=True``): one more
+  matmul in the moment pass; measured separately.
+* The backward needs one more solve per query with the same matrix. Differentiating the centred form
+  o = v̄ - Σ_VK y directly gives a backward with no 1/δ̂ anywhere (the moments-about-the-query form
+  multiplies and then cancels terms of size 1 + η, which loses digits when λ is small):
+      h = Σ_VKᵀ g = Σ a Γ (k - k̄) with Γ_j = g . v_j,   ν = C⁻¹ h   (the extra solve)
+      e_ij = y_i . (k_j - k̄_i),  f_ij = ν_i . (k_j - k̄_i),  ψ = 1 - e,  Δ_ij = Γ_ij - Γ̄_i
+      P_ij = a_ij ((Δ - f) ψ + λ ν . y)
+      dq_i = ν_i + scale Σ_j P_ij k_j
+      dk_j = Σ_i scale P_ij q_i - a_ij ψ_ij ν_i + a_ij (f_ij - Δ_ij) y_i
+      dv_j = Σ_i a_ij ψ_ij g_i,    dλ_i = ν_i . y_i  (so a learned ridge trains)
+  Three kernels: forward; backward over query tiles (moments, the solve, dq); backward over key tiles
+  (dk, dv), with no atomics.
+
+Memory: besides the output, the forward keeps y (fp32, (BH, T, D)) and one float per row; the backward
+adds ν (fp32, (BH, T, D)) and four floats per row. Nothing of size T x T or T x D x D touches global memory.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) per padded head dim, for the three kernels.
+CONFIGS = {
+    "fwd": {16: (64, 64, 4, 2), 32: (64, 64, 4, 2), 64: (64, 64, 4, 2), 128: (64, 64, 8, 2)},
+    "bwd_q": {16: (64, 64, 4, 2), 32: (64, 64, 4, 2), 64: (64, 64, 4, 2), 128: (64, 64, 8, 2)},
+    "bwd_kv": {16: (64, 64, 4, 2), 32: (64, 64, 4, 2), 64: (64, 64, 4, 2), 128: (64, 64, 8, 2)},
+}
+DEFAULTS = {"tol": 1e-3, "max_iter": 32, "jacobi": False}
+
+
+@triton.jit
+def _scores(q, k, offs_m, offs_n, T, sc2):
+    s = tl.dot(q, tl.trans(k)) * sc2
+    ok = (offs_m[:, None] >= offs_n[None, :]) & (offs_n[None, :] < T) & (offs_m[:, None] < T)
+    return tl.where(ok, s, float("-inf"))
+
+
+@triton.jit
+def _cg_solve(rhs, q, kbar, lse2, lam, dinv, Kb, offs_m, offs_d, hi, T, sc2, tol2, max_iter,
+              D: tl.constexpr, BN: tl.constexpr, JACOBI: tl.constexpr):
+    """Solve (Σ a (k - k̄)(k - k̄)ᵀ + λI) x = rhs for every row of a query tile; matrix-free CG."""
+    DT = q.dtype
+    x = tl.zeros(rhs.shape, tl.float32)
+    r = rhs
+    if JACOBI:
+        z = r * dinv
+    else:
+        z = r
+    p = z.to(DT).to(tl.float32)
+    rz = tl.sum(r * z, 1)
+    thr = rz * tol2
+    active = rz > 0
+    it = tl.full([], 0, tl.int32)
+    n_act = tl.sum(active.to(tl.int32), 0)
+    while (it < max_iter) & (n_act > 0):
+        pb = p.to(DT)
+        pk = tl.sum(p * kbar, 1)
+        acc = tl.zeros(rhs.shape, tl.float32)
+        cs = tl.zeros(lse2.shape, tl.float32)
+        for start in range(0, hi, BN):
+            offs_n = start + tl.arange(0, BN)
+            k = tl.load(Kb + offs_n[:, None] * D + offs_d[None, :], mask=offs_n[:, None] < T, other=0.0)
+            a = tl.math.exp2(_scores(q, k, offs_m, offs_n, T, sc2) - lse2[:, None])
+            c = tl.dot(pb, tl.trans(k)) - pk[:, None]
+            wc = (a * c).to(DT)
+            acc = tl.dot(wc, k, acc)
+            cs += tl.sum(wc.to(tl.float32), 1)
+        ap = acc - cs[:, None] * kbar + lam[:, None] * p
+        pap = tl.sum(p * ap, 1)
+        alpha = tl.where(active & (pap > 0), rz / pap, 0.0)
+        x += alpha[:, None] * p
+        r -= alpha[:, None] * ap
+        if JACOBI:
+            z = r * dinv
+        else:
+            z = r
+        rz_new = tl.sum(r * z, 1)
+        active = active & (rz_new > thr)
+        beta = tl.where(active, rz_new / rz, 0.0)
+        p = (z + beta[:, None] * p).to(DT).to(tl.float32)
+        rz = tl.where(active, rz_new, rz)
+        it += 1
+        n_act = tl.sum(active.to(tl.int32), 0)
+    return x, it
+
+
+@triton.jit
+def _lla_fwd(Q, K, V, LAM, OUT, Y, LSE, ITS, T, sc2, tol2, max_iter,
+             D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, JACOBI: tl.constexpr):
+    n_m = tl.cdiv(T, BM)
+    pid_m = n_m - 1 - tl.program_id(0)            # longest tiles first
+    bh = tl.program_id(1).to(tl.int64)
+    Qb, Kb, Vb = Q + bh * T * D, K + bh * T * D, V + bh * T * D
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_d = tl.arange(0, D)
+    rmask = offs_m < T
+    q = tl.load(Qb + offs_m[:, None] * D + offs_d[None, :], mask=rmask[:, None], other=0.0)
+    DT = q.dtype
+    lam = tl.load(LAM + bh * T + offs_m, mask=rmask, other=1.0)
+    hi = tl.minimum(T, (pid_m + 1) * BM)
+
+    # pass 1: online softmax moments (max, sum, Σ w k, and Σ w k∘k for Jacobi)
+    m = tl.full([BM], float("-inf"), tl.float32)
+    wsum = tl.zeros([BM], tl.float32)
+    mk = tl.zeros([BM, D], tl.float32)
+    dg = tl.zeros([BM, D], tl.float32)
+    for start in range(0, hi, BN):
+        offs_n = start + tl.arange(0, BN)
+        k = tl.load(Kb + offs_n[:, None] * D + offs_d[None, :], mask=offs_n[:, None] < T, other=0.0)
+        s = _scores(q, k, offs_m, offs_n, T, sc2)
+        m_new = tl.maximum(m, tl.max(s, 1))
+        m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.math.exp2(m - m_new)
+        wb = tl.math.exp2(s - m_new[:, None]).to(DT)
+        wsum = wsum * alpha + tl.sum(wb.to(tl.float32), 1)
+        mk = tl.dot(wb, k, mk * alpha[:, None])
+        if JACOBI:
+            kf = k.to(tl.float32)
+            dg = tl.dot(wb, (kf * kf).to(DT), dg * alpha[:, None])
+        m = m_new
+    wsum = tl.where(wsum > 0, wsum, 1.0)
+    kbar = mk / wsum[:, None]
+    lse2 = m + tl.math.log2(wsum)
+    bv = kbar - q.to(tl.float32)
+    if JACOBI:
+        diag = dg / wsum[:, None] - kbar * kbar + lam[:, None]
+        dinv = 1.0 / tl.maximum(diag, lam[:, None])
+    else:
+        dinv = bv
+    y, it = _cg_solve(bv, q, kbar, lse2, lam, dinv, Kb, offs_m, offs_d, hi, T, sc2, tol2, max_iter,
+                      D, BN, JACOBI)
+
+    # pass 3: o = Σ a (1 - y . (k - k̄)) v
+    yb = y.to(DT)
+    yk = tl.sum(yb.to(tl.float32) * kbar, 1)
+    acc = tl.zeros([BM, D], tl.float32)
+    for start in range(0, hi, BN):
+        offs_n = start + tl.arange(0, BN)
+        kv_off = offs_n[:, None] * D + offs_d[None, :]
+        k = tl.load(Kb + kv_off, mask=offs_n[:, None] < T, other=0.0)
+        v = tl.load(Vb + kv_off, mask=offs_n[:, None] < T, other=0.0)
+        a = tl.math.exp2(_scores(q, k, offs_m, offs_n, T, sc2) - lse2[:, None])
+        e = tl.dot(yb, tl.trans(k)) - yk[:, None]
+        acc = tl.dot((a * (1.0 - e)).to(DT), v, acc)
+
+    row_off = bh * T * D + offs_m[:, None] * D + offs_d[None, :]
+    tl.store(OUT + row_off, acc.to(DT), mask=rmask[:, None])
+    tl.store(Y + row_off, y, mask=rmask[:, None])
+    tl.store(LSE + bh * T + offs_m, lse2, mask=rmask)
+    tl.store(ITS + bh * n_m + pid_m, it)
+
+
+@triton.jit
+def _lla_bwd_q(Q, K, V, G, LAM, Y, LSE, DQ, NU, ROWS, DLAM, ITS, T, scale, sc2, tol2, max_iter,
+               D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, JACOBI: tl.constexpr):
+    """Per query tile: k̄, h = Σ a (Γ - Γ̄)(k - k̄) with Γ_j = g . v_j; ν = C⁻¹ h; dq = ν + scale Σ P (k - k̄)."""
+    n_m = tl.cdiv(T, BM)
+    pid_m = n_m - 1 - tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    Kb, Vb = K + bh * T * D, V + bh * T * D
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_d = tl.arange(0, D)
+    rmask = offs_m < T
+    row_off = bh * T * D + offs_m[:, None] * D + offs_d[None, :]
+    q = tl.load(Q + row_off, mask=rmask[:, None], other=0.0)
+    DT = q.dtype
+    g = tl.load(G + row_off, mask=rmask[:, None], other=0.0)
+    y = tl.load(Y + row_off, mask=rmask[:, None], other=0.0)
+    lam = tl.load(LAM + bh * T + offs_m, mask=rmask, other=1.0)
+    lse2 = tl.load(LSE + bh * T + offs_m, mask=rmask, other=0.0)
+    hi = tl.minimum(T, (pid_m + 1) * BM)
+
+    # pass 1: Σ a k, Σ a Γ k, Σ a Γ (and Σ a k∘k for Jacobi)
+    kb = tl.zeros([BM, D], tl.float32)
+    tg = tl.zeros([BM, D], tl.float32)
+    dg = tl.zeros([BM, D], tl.float32)
+    asum = tl.zeros([BM], tl.float32)
+    gsum = tl.zeros([BM], tl.float32)
+    for start in range(0, hi, BN):
+        offs_n = start + tl.arange(0, BN)
+        kv_off = offs_n[:, None] * D + offs_d[None, :]
+        k = tl.load(Kb + kv_off, mask=offs_n[:, None] < T, other=0.0)
+        v = tl.load(Vb + kv_off, mask=offs_n[:, None] < T, other=0.0)
+        a = tl.math.exp2(_scores(q, k, offs_m, offs_n, T, sc2) - lse2[:, None])
+        gam = tl.dot(g, tl.trans(v))
+        ab = a.to(DT)
+        agb = (a * gam).to(DT)
+        kb = tl.dot(ab, k, kb)
+        tg = tl.dot(agb, k, tg)
+        asum += tl.sum(ab.to(tl.float32), 1)
+        gsum += tl.sum(agb.to(tl.float32), 1)
+        if JACOBI:
+            kf = k.to(tl.float32)
+            dg = tl.dot(ab, (kf * kf).to(DT), dg)
+    asum = tl.where(asum > 0, asum, 1.0)
+    kbar = kb / asum[:, None]
+    gbar = gsum / asum
+    h = tg / asum[:, None] - gbar[:, None] * kbar
+    if JACOBI:
+        diag = dg / asum[:, None] - kbar * kbar + lam[:, None]
+        dinv = 1.0 / tl.maximum(diag, lam[:, None])
+    else:
+        dinv = h
+    nu, it = _cg_solve(h, q, kbar, lse2, lam, dinv, Kb, offs_m, offs_d, hi, T, sc2, tol2, max_iter,
+                       D, BN, JACOBI)
+    yb = y.to(DT)
+    nb = nu.to(DT)
+    yk = tl.sum(yb.to(tl.float32) * kbar, 1)
+    nk = tl.sum(nb.to(tl.float32) * kbar, 1)
+    dlam = tl.sum(nu * y, 1)
+    lnu = lam * dlam
+
+    # pass 2: P = a ((Γ - Γ̄ - f)(1 - e) + λ ν.y), e = y.(k - k̄), f = ν.(k - k̄)
+    acc = tl.zeros([BM, D], tl.float32)
+    psum = tl.zeros([BM], tl.float32)
+    for start in range(0, hi, BN):
+        offs_n = start + tl.arange(0, BN)
+        kv_off = offs_n[:, None] * D + offs_d[None, :]
+        k = tl.load(Kb + kv_off, mask=offs_n[:, None] < T, other=0.0)
+        v = tl.load(Vb + kv_off, mask=offs_n[:, None] < T, other=0.0)
+        a = tl.math.exp2(_scores(q, k, offs_m, offs_n, T, sc2) - lse2[:, None])
+        gam = tl.dot(g, tl.trans(v))
+        psi = 1.0 - (tl.dot(yb, tl.trans(k)) - yk[:, None])
+        f = tl.dot(nb, tl.trans(k)) - nk[:, None]
+        pb = (a * ((gam - gbar[:, None] - f) * psi + lnu[:, None])).to(DT)
+        acc = tl.dot(pb, k, acc)
+        psum += tl.sum(pb.to(tl.float32), 1)
+    dq = nu + scale * (acc - psum[:, None] * kbar)
+    tl.store(DQ + row_off, dq.to(DT), mask=rmask[:, None])
+    tl.store(NU + row_off, nu, mask=rmask[:, None])
+    rows = ROWS + (bh * T + offs_m) * 4
+    tl.store(rows, yk, mask=rmask)
+    tl.store(rows + 1, nk, mask=rmask)
+    tl.store(rows + 2, gbar, mask=rmask)
+    tl.store(rows + 3, lnu, mask=rmask)
+    tl.store(DLAM + bh * T + offs_m, dlam, mask=rmask)
+    tl.store(ITS + bh * n_m + pid_m, it)
+
+
+@triton.jit
+def _lla_bwd_kv(Q, K, V, G, Y, NU, LSE, ROWS, DK, DV, T, scale, sc2,
+                D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """Per key tile: dv = Σ_i a ψ g_i; dk = Σ_i scale P q_i - a ψ ν_i + a (f - Γ + Γ̄) y_i."""
+    pid_n = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    offs_d = tl.arange(0, D)
+    cmask = offs_n < T
+    col_off = bh * T * D + offs_n[:, None] * D + offs_d[None, :]
+    k = tl.load(K + col_off, mask=cmask[:, None], other=0.0)
+    v = tl.load(V + col_off, mask=cmask[:, None], other=0.0)
+    DT = k.dtype
+    dk = tl.zeros([BN, D], tl.float32)
+    dv = tl.zeros([BN, D], tl.float32)
+    start_m = (pid_n * BN // BM) * BM
+    for start in range(start_m, T, BM):
+        offs_m = start + tl.arange(0, BM)
+        rmask = offs_m < T
+        row_off = bh * T * D + offs_m[:, None] * D + offs_d[None, :]
+        q = tl.load(Q + row_off, mask=rmask[:, None], other=0.0)
+        g = tl.load(G + row_off, mask=rmask[:, None], other=0.0)
+        yb = tl.load(Y + row_off, mask=rmask[:, None], other=0.0).to(DT)
+        nb = tl.load(NU + row_off, mask=rmask[:, None], other=0.0).to(DT)
+        lse2 = tl.load(LSE + bh * T + offs_m, mask=rmask, other=0.0)
+        rows = ROWS + (bh * T + offs_m) * 4
+        yk = tl.load(rows, mask=rmask, other=0.0)
+        nk = tl.load(rows + 1, mask=rmask, other=0.0)
+        gbar = tl.load(rows + 2, mask=rmask, other=0.0)
+        lnu = tl.load(rows + 3, mask=rmask, other=0.0)
+        a = tl.math.exp2(_scores(q, k, offs_m, offs_n, T, sc2) - lse2[:, None])
+        dl = tl.dot(g, tl.trans(v)) - gbar[:, None]
+        apsi = a * (1.0 - (tl.dot(yb, tl.trans(k)) - yk[:, None]))
+        f = tl.dot(nb, tl.trans(k)) - nk[:, None]
+        dv = tl.dot(tl.trans(apsi.to(DT)), g, dv)
+        p = (dl - f) * apsi + a * lnu[:, None]
+        dk = tl.dot(tl.trans((p * scale).to(DT)), q, dk)
+        dk = tl.dot(tl.trans((-apsi).to(DT)), nb, dk)
+        dk = tl.dot(tl.trans((a * (f - dl)).to(DT)), yb, dk)
+    tl.store(DK + col_off, dk.to(DT), mask=cmask[:, None])
+    tl.store(DV + col_off, dv.to(DT), mask=cmask[:, None])
+
+
+def _pad_dim(x, dp):
+    d = x.shape[-1]
+    return x if d == dp else torch.nn.functional.pad(x, (0, dp - d))
+
+
+def _cfg(kind, dp, override):
+    if override and kind in override:
+        return override[kind]
+    return CONFIGS[kind][dp]
+
+
+def lla_forward(q, k, v, lam, scale, tol, max_iter, jacobi, cfg=None):
+    """q, k, v: (BH, T, Dp) contiguous, Dp a power of two >= 16; lam: (BH, T) fp32.
+
+    Returns o, y (fp32), lse (log2-sum-exp per row), and the CG iterations per query tile."""
+    BH, T, Dp = q.shape
+    BM, BN, nw, ns = _cfg("fwd", Dp, cfg)
+    o = torch.empty_like(q)
+    y = torch.empty(BH, T, Dp, device=q.device, dtype=torch.float32)
+    lse = torch.empty(BH, T, device=q.device, dtype=torch.float32)
+    n_m = triton.cdiv(T, BM)
+    its = torch.empty(BH, n_m, device=q.device, dtype=torch.int32)
+    _lla_fwd[(n_m, BH)](q, k, v, lam, o, y, lse, its, T, scale * LOG2E, tol * tol, max_iter,
+                        D=Dp, BM=BM, BN=BN, JACOBI=jacobi, num_warps=nw, num_stages=ns)
+    return o, y, lse, its
+
+
+def lla_backward(q, k, v, g, lam, y, lse, scale, tol, max_iter, jacobi, cfg=None):
+    """Returns dq, dk, dv, dλ (fp32, (BH, T)) and the CG iterations per query tile."""
+    BH, T, Dp = q.shape
+    BM, BN, nw, ns = _cfg("bwd_q", Dp, cfg)
+    dq = torch.empty_like(q)
+    nu = torch.empty(BH, T, Dp, device=q.device, dtype=torch.float32)
+    rows = torch.empty(BH, T, 4, device=q.device, dtype=torch.float32)
+    dlam = torch.empty(BH, T, device=q.device, dtype=torch.float32)
+    n_m = triton.cdiv(T, BM)
+    its = torch.empty(BH, n_m, device=q.device, dtype=torch.int32)
+    _lla_bwd_q[(n_m, BH)](q, k, v, g, lam, y, lse, dq, nu, rows, dlam, its, T, scale, scale * LOG2E,
+                          tol * tol, max_iter, D=Dp, BM=BM, BN=BN, JACOBI=jacobi, num_warps=nw, num_stages=ns)
+    BM, BN, nw, ns = _cfg("bwd_kv", Dp, cfg)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    _lla_bwd_kv[(triton.cdiv(T, BN), BH)](q, k, v, g, y, nu, lse, rows, dk, dv, T, scale, scale * LOG2E,
+                                          D=Dp, BM=BM, BN=BN, num_warps=nw, num_stages=ns)
+    return dq, dk, dv, dlam, its
+
+
+class LLAFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, ridge, scale, tol, max_iter, jacobi, cfg):
+        B, H, T, D = q.shape
+        dtype = q.dtype if q.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+        Dp = max(16, 1 << (D - 1).bit_length())
+        qq, kk, vv = (_pad_dim(t.to(dtype), Dp).reshape(B * H, T, Dp).contiguous() for t in (q, k, v))
+        if torch.is_tensor(ridge):
+            lam = ridge.detach().to(torch.float32).broadcast_to(B, H, T).reshape(B * H, T).contiguous()
+        else:
+            lam = torch.full((B * H, T), float(ridge), device=q.device, dtype=torch.float32)
+        o, y, lse, its = lla_forward(qq, kk, vv, lam, scale, tol, max_iter, jacobi, cfg)
+        ctx.save_for_backward(qq, kk, vv, lam, y, lse)
+        ctx.meta = (B, H, T, D, scale, tol, max_iter, jacobi, cfg, q.dtype,
+                    ridge.shape if torch.is_tensor(ridge) else None)
+        ctx.fwd_iters = its
+        out = o.reshape(B, H, T, Dp)[..., :D]
+        return out.to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_o):
+        qq, kk, vv, lam, y, lse = ctx.saved_tensors
+        B, H, T, D, scale, tol, max_iter, jacobi, cfg, in_dtype, ridge_shape = ctx.meta
+        Dp = qq.shape[-1]
+        g = _pad_dim(grad_o.to(qq.dtype), Dp).reshape(B * H, T, Dp).contiguous()
+        dq, dk, dv, dlam, _ = lla_backward(qq, kk, vv, g, lam, y, lse, scale, tol, max_iter, jacobi, cfg)
+        grads = [t.reshape(B, H, T, Dp)[..., :D].to(in_dtype) for t in (dq, dk, dv)]
+        dridge = None
+        if ridge_shape is not None and ctx.needs_input_grad[3]:
+            dridge = dlam.reshape(B, H, T)
+            dridge = dridge.sum_to_size(ridge_shape) if tuple(ridge_shape) != (B, H, T) else dridge
+        return (*grads, dridge, None, None, None, None, None)
+
+
+def lla(q, k, v, *, ridge, scale=None, tol=None, max_iter=None, jacobi=None, cfg=None):
+    """Causal LLA on (B, H, T, D) CUDA tensors (bf16/fp16; fp32 inputs run in bf16) -> (B, H, T, D).
+
+    ``ridge`` is λ: a float or a tensor broadcastable to (B, H, T); it gets a gradient when it requires one.
+    ``tol`` (relative CG residual), ``max_iter`` and ``jacobi`` default to ``DEFAULTS``.
+    """
+    if q.dim() != 4:
+        raise ValueError(f"lla: expected (B, H, T, D) inputs, got shape {tuple(q.shape)}")
+    D = q.shape[-1]
+    if not 1 <= D <= 128:
+        raise ValueError(f"lla: head dim {D} not supported (1..128)")
+    scale = D ** -0.5 if scale is None else float(scale)
+    tol = DEFAULTS["tol"] if tol is None else float(tol)
+    max_iter = DEFAULTS["max_iter"] if max_iter is None else int(max_iter)
+    jacobi = DEFAULTS["jacobi"] if jacobi is None else bool(jacobi)
+    return LLAFunction.apply(q, k, v, ridge, scale, tol, max_iter, jacobi, cfg)
+
+
+__all__ = ["lla", "lla_forward", "lla_backward", "LLAFunction", "CONFIGS", "DEFAULTS"]
