@@ -72,8 +72,12 @@ def seed_for(task: str, seed: int, split: str) -> int:
 
 
 def generator(task: str, seed: int, split: str) -> torch.Generator:
+    """A torch CPU generator for (task, seed, split). Torch's CPU generator keeps only the low
+    32 bits of a seed, so the split goes into bits 30-31 of the seed it is given: the three
+    splits still use disjoint seeds."""
+    s = seed_for(task, seed, split)
     g = torch.Generator(device="cpu")
-    g.manual_seed(seed_for(task, seed, split))
+    g.manual_seed(((s >> 61) << 30) | (s & ((1 << 30) - 1)))
     return g
 
 
