@@ -67,6 +67,8 @@ CORE = pa.schema([
 
 
 def arrow_type(value) -> pa.DataType:
+    if value is None:   # typed by the first file that has a value; null merges with any type
+        return pa.null()
     if isinstance(value, bool):
         return pa.bool_()
     if isinstance(value, int):

@@ -89,14 +89,28 @@ def read_table(results: str | Path, warn=None) -> pa.Table:
         for k, v in _partition_values(p, root).items():
             if k not in t.column_names:
                 t = t.append_column(k, pa.array([v] * t.num_rows, pa.string()))
-        tables.append(t)
-    if not tables:
+        tables.append((p, t))
+    # One file whose column types cannot merge with the others' is skipped, not fatal.
+    schema, kept = CORE, []
+    for p, t in tables:
+        try:
+            schema = pa.unify_schemas([schema, t.schema], promote_options="permissive")
+        except (pa.ArrowTypeError, pa.ArrowInvalid) as e:
+            warn(f"skipping leaderboard file {p}: its column types clash with other files: {e}")
+            continue
+        kept.append((p, t))
+    if not kept:
         return CORE.empty_table()
-    schema = pa.unify_schemas([CORE] + [t.schema for t in tables], promote_options="permissive")
     # put CORE columns first, in declared order
     names = CORE.names + [n for n in schema.names if n not in CORE.names]
     schema = pa.schema([schema.field(n) for n in names])
-    return pa.concat_tables([_conform(t, schema) for t in tables])
+    out = []
+    for p, t in kept:
+        try:
+            out.append(_conform(t, schema))
+        except (pa.ArrowTypeError, pa.ArrowInvalid) as e:
+            warn(f"skipping leaderboard file {p}: {type(e).__name__}: {e}")
+    return pa.concat_tables(out) if out else CORE.empty_table()
 
 
 def _conform(t: pa.Table, schema: pa.Schema) -> pa.Table:
