@@ -1,25 +1,149 @@
-"""``mixzoo leaderboard show|plot|export|report``."""
+"""``mixzoo leaderboard show|plot|export|report``.
+
+show    print a view as a table (default: best configuration per mechanism and setting)
+plot    PNG figures: metric against a knob (axis), bars per task (bars), test-time regression (ttr)
+export  a view as CSV or Markdown
+report  one self-contained HTML page of the whole leaderboard
+"""
 from __future__ import annotations
+
+import sys
 
 from ..errors import UsageError
 
 ACTIONS = ("show", "plot", "export", "report")
+VIEWS = ("best", "pivot", "mad", "rank", "rows")
+KINDS = ("axis", "bars", "ttr")
 
 
 def configure(name: str, p) -> None:
     p.add_argument("action", choices=ACTIONS)
+    p.add_argument("--suite", help="only this suite (e.g. mqar, mad)")
     p.add_argument("--task", help="only this task")
-    p.add_argument("--all", action="store_true", help="show every row, not the summary")
+    p.add_argument("--model", help="only these mechanisms (comma-separated)")
+    p.add_argument("--where", action="append", metavar="KNOB=V", help="only settings with this knob value (repeatable)")
+    p.add_argument("--view", choices=VIEWS, default=None, help="show/export: which table (default best)")
+    p.add_argument("--axis", help="pivot/plot axis: a task knob (default: the knob with the most values)")
+    p.add_argument("--all", action="store_true", help="show every row (same as --view rows)")
+    p.add_argument("--format", choices=("csv", "md"), default=None, help="export format (default from --out, else csv)")
+    p.add_argument("--kind", choices=KINDS, action="append", help="plot: which figure (repeatable; default axis and bars)")
+    p.add_argument("--curves", metavar="FILE.json", help="plot --kind ttr / report: per-position MSE curves "
+                   "({name: [mse, ...]} or {'curves': {...}, 'segment_len': S}) instead of those in the store")
+    p.add_argument("--segment-len", type=int, help="plot --kind ttr: mark segment boundaries every S positions")
+    p.add_argument("--out", help="export: file; plot: directory (default <results>/figures); "
+                                 "report: file (default <results>/report.html)")
+
+
+def _warn(msg: str) -> None:
+    print(f"mixzoo: warning: {msg}", file=sys.stderr)
+
+
+def _load(args) -> tuple[list[dict], list[dict]]:
+    """(all rows, filtered rows); a filter that matches nothing in the store is a usage error."""
+    from ..commands import parse_pairs
+    from .store import read_table
+    from .views import as_rows, filter_rows
+    rows = as_rows(read_table(args.results, warn=_warn))
+    models = [m.strip() for m in args.model.split(",") if m.strip()] if args.model else None
+    for what, vals in (("suite", [args.suite] if args.suite else []), ("task", [args.task] if args.task else []),
+                       ("model", models or [])):
+        present = {r.get(what) for r in rows}
+        for v in vals:
+            if rows and v not in present:
+                raise UsageError(f"no rows with {what} {v!r}; present: {', '.join(sorted(map(str, present)))}")
+    where = parse_pairs(args.where, "--where")
+    return rows, filter_rows(rows, suite=args.suite, task=args.task, models=models, where=where)
+
+
+def _views(args, rows):
+    from .views import build_views, complete_rows, task_knobs
+    view = args.view or ("rows" if args.all else "best")
+    if view == "pivot" and args.axis:
+        tasks = [args.task] if args.task else sorted({r["task"] for r in complete_rows(rows)})
+        for t in tasks:
+            knobs = task_knobs(rows, t)
+            if args.axis not in knobs:
+                raise UsageError(f"unknown axis {args.axis!r} for task {t!r}; allowed: {', '.join(knobs)}")
+    return build_views(rows, view, task=args.task, axis=args.axis)
+
+
+def _curves(args, rows):
+    import json
+    from pathlib import Path
+
+    from .plot import ttr_curves_from_rows
+    if not args.curves:
+        curves, seg = ttr_curves_from_rows(rows)
+        return curves, args.segment_len or seg
+    try:
+        data = json.loads(Path(args.curves).read_text())
+    except (OSError, ValueError) as e:
+        raise UsageError(f"cannot read curves file {args.curves!r}: {e}")
+    seg = args.segment_len
+    if isinstance(data, dict) and isinstance(data.get("curves"), dict):
+        seg = seg or data.get("segment_len")
+        data = data["curves"]
+    if not isinstance(data, dict) or not all(isinstance(v, list) for v in data.values()):
+        raise UsageError(f"curves file {args.curves!r} must map names to lists of numbers")
+    return data, seg
 
 
 def main(args) -> int:
-    from .store import read_table
-    from .views import print_rows, print_summary
-    table = read_table(args.results)
-    if args.action == "show":
-        if args.all:
-            print_rows([r for r in table.to_pylist() if not args.task or r["task"] == args.task])
-        else:
-            print_summary(table, args.task)
+    if args.action == "report":
+        from .report import build_report
+        ttr = _curves(args, []) if args.curves else None
+        path = build_report(args.results, args.out, warn=_warn, ttr=ttr)
+        print(f"report written to {path}")
         return 0
-    raise UsageError(f"leaderboard {args.action} is not available yet; allowed now: show")
+    rows, sel = _load(args)
+    if args.action == "show":
+        from .views import format_view
+        if not rows:
+            print(f"(leaderboard is empty: no rows under {args.results}/leaderboard/)")
+            return 0
+        print("\n\n".join(format_view(v) for v in _views(args, sel)))
+        return 0
+    if args.action == "export":
+        from .export import export
+        if not args.out:
+            raise UsageError("export needs --out PATH (a .csv or .md file)")
+        fmt = args.format or ("md" if args.out.endswith(".md") else "csv")
+        print(f"{args.view or 'best'} view written to {export(_views(args, sel), fmt, args.out)}")
+        return 0
+    return _plot(args, rows, sel)
+
+
+def _plot(args, rows, sel) -> int:
+    from pathlib import Path
+
+    from . import plot
+    from .views import best_configs, default_axis, task_knobs
+    out = Path(args.out) if args.out else Path(args.results) / "figures"
+    kinds = args.kind or ["axis", "bars"]
+    written = []
+    if "ttr" in kinds:
+        curves, seg = _curves(args, sel)
+        if not curves:
+            raise UsageError("no test-time regression curves in the store; give --curves FILE.json")
+        written.append(plot.plot_ttr_curves(curves, out, segment_len=seg))
+    bests = best_configs(sel)
+    if ("axis" in kinds or "bars" in kinds) and not bests:
+        if "ttr" not in kinds:
+            raise UsageError("no COMPLETE rows match; nothing to plot")
+    else:
+        if "bars" in kinds:
+            written.append(plot.plot_bars(sel, out=out))
+        if "axis" in kinds:
+            tasks = [args.task] if args.task else sorted({b.task for b in bests})
+            for t in tasks:
+                if args.axis and not args.task and args.axis not in task_knobs(sel, t):
+                    continue
+                axis = args.axis or default_axis([b for b in bests if b.task == t])
+                if axis is None:
+                    print(f"{t}: one setting only; no axis to plot against", file=sys.stderr)
+                    continue
+                written.append(plot.plot_metric_vs_axis(sel, task=t, axis=axis, out=out,
+                                                        models=None))
+    for p in written:
+        print(f"figure written to {p}")
+    return 0

@@ -1,0 +1,180 @@
+"""One self-contained HTML page of the whole leaderboard.
+
+Tables and figures are embedded (figures as PNG data URIs); the page loads nothing from the
+network (a Content-Security-Policy says so) and runs no script. It ends with the provenance
+of the rows (versions, git sha, device) and the command that produced each result.
+"""
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import html
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+from .export import write_atomic
+from .views import (
+    MAD_TASKS,
+    PROTOCOL,
+    View,
+    as_rows,
+    best_configs,
+    best_view,
+    col,
+    complete_rows,
+    default_axis,
+    mad_view,
+    pivot_view,
+    rank_view,
+    rows_view,
+)
+
+CSS = """
+body{font:14px/1.45 -apple-system,"Segoe UI",Helvetica,Arial,sans-serif;color:#1b1b1b;max-width:1180px;
+ margin:24px auto;padding:0 18px}
+h1{font-size:24px;margin:0 0 4px}h2{font-size:19px;margin:30px 0 8px;border-bottom:1px solid #ddd;padding-bottom:3px}
+h3{font-size:15px;margin:18px 0 6px}
+table{border-collapse:collapse;margin:6px 0 4px;font-size:12.5px}
+th,td{border-bottom:1px solid #e4e4e4;padding:3px 9px;text-align:left;vertical-align:top;white-space:nowrap}
+th{background:#f4f4f4;font-weight:600}td.num{text-align:right;font-variant-numeric:tabular-nums}
+tr:hover td{background:#fafafa}.note{color:#555;font-size:12.5px;margin:2px 0}
+.warn{background:#fff4e5;border-left:4px solid #e69f00;padding:6px 10px;margin:8px 0}
+figure{margin:10px 0 18px}figure img{max-width:100%;border:1px solid #eee}
+figcaption{color:#555;font-size:12.5px}code{font-size:12px;background:#f4f4f4;padding:1px 4px;border-radius:3px}
+td.cmd{white-space:normal;font-family:monospace;font-size:11.5px;max-width:560px;word-break:break-all}
+details summary{cursor:pointer;color:#0b5394}.scroll{overflow-x:auto}
+"""
+
+
+def _e(s) -> str:
+    return html.escape("" if s is None else str(s))
+
+
+def _numeric(s: str) -> bool:
+    try:
+        float(s.split(" ")[0])
+        return True
+    except ValueError:
+        return False
+
+
+def table_html(v: View, extra: list[tuple[str, str]] | None = None) -> str:
+    """A view as an HTML table, with its notes below."""
+    if not v.records:
+        return '<p class="note">(no rows)</p>'
+    head = "".join(f"<th>{_e(h)}</th>" for h in v.headers)
+    body = []
+    for row in v.text_rows():
+        tds = "".join(f'<td class="num">{_e(c)}</td>' if _numeric(c) else f"<td>{_e(c)}</td>" for c in row)
+        body.append(f"<tr>{tds}</tr>")
+    notes = "".join(f'<p class="note">{_e(n)}</p>' for n in v.notes)
+    return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>{notes}'
+
+
+def _img(path: Path, caption: str) -> str:
+    data = base64.b64encode(path.read_bytes()).decode()
+    return (f'<figure><img alt="{_e(caption)}" src="data:image/png;base64,{data}">'
+            f"<figcaption>{_e(caption)}</figcaption></figure>")
+
+
+def _provenance(rows: list[dict]) -> View:
+    keys = ("mixzoo_version", "git_sha", "git_dirty", "python", "torch", "triton", "fla", "device_name")
+    count = Counter(tuple(r.get(k) for k in keys) for r in rows)
+    recs = [dict(zip(keys, k), rows=n) for k, n in sorted(count.items(), key=lambda x: -x[1])]
+    display = [(k, col(k)) for k in (*keys, "rows")]
+    return View("provenance", "Provenance", list(keys) + ["rows"], recs, display)
+
+
+def _commands(rows: list[dict]) -> str:
+    v = rows_view(rows)
+    head = "".join(f"<th>{_e(h)}</th>" for h in v.headers + ["run_id", "created (UTC)", "command"])
+    body = []
+    for rec, cells in zip(v.records, v.text_rows()):
+        tds = "".join(f'<td class="num">{_e(c)}</td>' if _numeric(c) else f"<td>{_e(c)}</td>" for c in cells)
+        created = rec.get("created_at")
+        created = created.strftime("%Y-%m-%d %H:%M:%S") if hasattr(created, "strftime") else (created or "-")
+        cmd = rec.get("command") or "(not recorded: run from the Python API)"
+        body.append(f"<tr>{tds}<td>{_e(rec.get('run_id'))}</td><td>{_e(created)}</td>"
+                    f'<td class="cmd">{_e(cmd)}</td></tr>')
+    return (f"<details><summary>{len(v.records)} rows (every seed of every run, all states)</summary>"
+            f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
+            "</details>")
+
+
+def render(rows: list[dict], *, results: str = "", warnings: list[str] | None = None,
+           figdir: Path | None = None, ttr: tuple[dict, int | None] | None = None) -> str:
+    """The report page for ``rows`` (all of the store's rows) as an HTML string."""
+    from . import plot
+    warnings = list(warnings or [])
+    done = complete_rows(rows)
+    bests = best_configs(rows)
+    tasks = sorted({b.task for b in bests})
+    states = Counter(r.get("state") for r in rows)
+    now = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    figdir = Path(figdir or tempfile.mkdtemp(prefix="mixzoo-report-"))
+    parts = [f"<h1>mixzoo leaderboard</h1><p class=\"note\">Generated {now} from <code>{_e(results)}</code>: "
+             f"{len(rows)} rows ({', '.join(f'{n} {s}' for s, n in sorted(states.items(), key=str))}), "
+             f"{len({r.get('run_id', '').rsplit('-s', 1)[0] for r in rows})} runs, {len(tasks)} tasks, "
+             f"{len({b.model for b in bests})} mechanisms.</p>",
+             f'<p class="note">{_e(PROTOCOL)}</p>']
+    for w in warnings:
+        parts.append(f'<div class="warn">{_e(w)}</div>')
+
+    def figure(fn, caption, **kw):
+        try:
+            return _img(fn(**kw), caption)
+        except Exception as e:  # a figure that cannot be drawn must not lose the report
+            warnings.append(f"figure '{caption}' not drawn: {type(e).__name__}: {e}")
+            return f'<div class="warn">{_e(warnings[-1])}</div>'
+
+    if any(b.task in MAD_TASKS for b in bests):
+        parts += ["<h2>MAD score</h2>", table_html(mad_view(rows))]
+    if bests:
+        parts += ["<h2>Ranking per task</h2>", table_html(rank_view(rows)),
+                  figure(plot.plot_bars, "Score per task: bars are the mean over settings; dots single settings.",
+                         table=rows, out=figdir / "tasks-bars.png")]
+    for t in tasks:
+        trows = [r for r in rows if r.get("task") == t]
+        tb = [b for b in bests if b.task == t]
+        parts += [f'<h2 id="task-{_e(t)}">{_e(t)}</h2>', table_html(best_view(trows))]
+        axis = default_axis(tb)
+        if axis:
+            parts += [f"<h3>Against {_e(axis)}</h3>", table_html(pivot_view(trows, t, axis)),
+                      figure(plot.plot_metric_vs_axis, f"{t}: test metric against {axis}, one line per mechanism.",
+                             table=trows, task=t, axis=axis, out=figdir / f"{t}-{axis}.png")]
+    curves, seg = ttr if ttr is not None else plot.ttr_curves_from_rows(rows)
+    if curves:
+        parts += ["<h2>Test-time regression</h2>",
+                  figure(plot.plot_ttr_curves, "Per-position MSE of each estimator (log scale).",
+                         curves=curves, out=figdir / "ttr-mse.png", segment_len=seg)]
+    if not rows:
+        parts.append('<p class="note">The leaderboard is empty.</p>')
+    elif not done:
+        parts.append('<p class="note">No COMPLETE rows yet.</p>')
+    parts += ["<h2>Provenance</h2>", table_html(_provenance(rows)),
+              "<h2>Every result and the command that produced it</h2>", _commands(rows)]
+    csp = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f'<meta http-equiv="Content-Security-Policy" content="{csp}">'
+            '<meta name="viewport" content="width=device-width, initial-scale=1">'
+            '<link rel="icon" href="data:,"><title>mixzoo leaderboard</title>'
+            f"<style>{CSS}</style></head><body>\n" + "\n".join(parts) + "\n</body></html>\n")
+
+
+def build_report(results: str | Path, out: str | Path | None = None, *, warn=None,
+                 ttr: tuple[dict, int | None] | None = None) -> Path:
+    """Read the store (skipping damaged files, with a warning) and write the report."""
+    from .store import read_table
+    warnings: list[str] = []
+
+    def _warn(msg: str) -> None:
+        warnings.append(msg)
+        (warn or (lambda m: print(f"mixzoo: warning: {m}", file=sys.stderr)))(msg)
+
+    rows = as_rows(read_table(results, warn=_warn))
+    out = Path(out) if out else Path(results) / "report.html"
+    with tempfile.TemporaryDirectory(prefix="mixzoo-report-") as d:
+        page = render(rows, results=str(results), warnings=warnings, figdir=Path(d), ttr=ttr)
+    return write_atomic(out, page)
