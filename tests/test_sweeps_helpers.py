@@ -1,0 +1,59 @@
+"""Shared bits of the sweep tests: a tiny MQAR spec, a mechanism that can be made to diverge,
+and readers of the storage and the leaderboard."""
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+TRAIN = ('steps = 20\nbatch_size = 8\neval_every = 10\nn_train = 128\nn_val = 32\nn_test = 32\n'
+         'd_model = 16\nn_layers = 1\nnum_heads = 1\n')
+
+NANMIX = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+    from mixzoo.registry import register_mixer
+
+
+    @register_mixer("nanmix", search_space={"lr": ("log", 1e-3, 1e-2), "poison": ("cat", [0, 1])})
+    class NanMix(nn.Module):
+        """A causal running mean; with poison=1 its output (and so the loss) is NaN."""
+
+        def __init__(self, d_model, *, num_heads=1, layer_idx=0, poison=0):
+            super().__init__()
+            self.proj = nn.Linear(d_model, d_model)
+            self.poison = poison
+
+        def forward(self, x):
+            n = torch.arange(1, x.shape[1] + 1, device=x.device, dtype=x.dtype).view(1, -1, 1)
+            y = torch.cumsum(self.proj(x), dim=1) / n
+            return y * float("nan") if self.poison else y
+''')
+
+
+def write_spec(path: Path, *, name: str, models, trials: int, seeds: int, extra: str = "",
+               settings: str = "[{ L = 32, kv = 2 }]") -> Path:
+    path.write_text(
+        f'name = "{name}"\nmodels = {list(models)!r}\ntrials = {trials}\nseeds = {seeds}\n'.replace("'", '"')
+        + extra + "\n[sampler]\nn_startup_trials = 10\n[train]\n" + TRAIN
+        + f'[tasks.mqar]\nknobs = {{ V = 32 }}\nsettings = {settings}\n')
+    return path
+
+
+def write_plugin(path: Path) -> Path:
+    path.write_text(NANMIX)
+    return path
+
+
+def journal(results: Path):
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+    return JournalStorage(JournalFileBackend(str(results / "sweeps" / "optuna-journal.log")))
+
+
+def studies(storage) -> dict[str, list]:
+    return {s.study_name: storage.get_all_trials(s._study_id) for s in storage.get_all_studies()}
+
+
+def rows(results: Path) -> list[dict]:
+    from mixzoo.leaderboard import read_table
+    return read_table(results).to_pylist()
