@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UsageError
-from .common import RMSNorm
+from .common import RMSNorm, ShortConv
 
 
 @dataclass
@@ -25,6 +25,7 @@ class ModelConfig:
     mlp_mult: float = 4.0
     norm: str = "layernorm"      # "layernorm" | "rmsnorm"
     tie_embeddings: bool = True
+    short_conv: int = 0          # >0: a residual causal short-conv layer (this kernel size) before the mixers
 
     def __post_init__(self):
         for name, v, ok in (("mlp", self.mlp, ("none", "swiglu", "gelu")),
@@ -42,6 +43,8 @@ class ModelConfig:
 RECIPES = {
     "zoology": dict(mlp="none", norm="layernorm", tie_embeddings=True),
     "mad": dict(mlp="swiglu", norm="rmsnorm", tie_embeddings=False, d_model=128, num_heads=16),
+    # zoology's "Based recipe": a short-convolution layer first, then the mixers, no MLP
+    "based": dict(mlp="none", norm="layernorm", tie_embeddings=True, short_conv=3),
 }
 
 
@@ -87,10 +90,14 @@ class Trunk(nn.Module):
 
     def __init__(self, cfg: ModelConfig, make_mixer: MixerFactory):
         super().__init__()
+        self.conv = ShortConv(cfg.d_model, cfg.short_conv) if cfg.short_conv else None
+        self.conv_norm = _norm(cfg.norm, cfg.d_model) if cfg.short_conv else None
         self.blocks = nn.ModuleList(Block(cfg, make_mixer(i)) for i in range(cfg.n_layers))
         self.norm = _norm(cfg.norm, cfg.d_model)
 
     def forward(self, x):
+        if self.conv is not None:
+            x = x + self.conv(self.conv_norm(x))
         for b in self.blocks:
             x = b(x)
         return self.norm(x)

@@ -18,10 +18,23 @@ class TrainConfig:
     eval_batch_size: int = 256
     early_stop: float | None = None   # stop once the validation metric passes this
     precision: str = "auto"           # "auto": bf16-mixed on CUDA, 32 on CPU
-    compile: bool = False
+    compile: str = "off"              # "off" | "default" | "reduce-overhead" (CUDA graphs) | "max-autotune"
     n_train: int | None = None        # examples per split; None = the task's default
     n_val: int | None = None
     n_test: int | None = None
+
+    def __post_init__(self):
+        from ..errors import UsageError
+        if self.compile is True or self.compile is False:       # accept booleans from specs
+            self.compile = "default" if self.compile else "off"
+        modes = ("off", "default", "reduce-overhead", "max-autotune")
+        if self.compile not in modes:
+            raise UsageError(f"compile={self.compile!r}; allowed: {', '.join(modes)}")
+        for name in ("steps", "batch_size", "eval_every", "eval_batch_size"):
+            if int(getattr(self, name)) < 1:
+                raise UsageError(f"{name}={getattr(self, name)!r} must be >= 1")
+        if not self.lr > 0:
+            raise UsageError(f"lr={self.lr!r} must be > 0")
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

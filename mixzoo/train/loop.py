@@ -132,7 +132,7 @@ def train(task: Task, mixer: str, knobs: dict[str, Any] | None = None,
     pl.seed_everything(seed, verbose=False)
     model = build_model(task.backbone, mixer, knobs, model_cfg, vocab=task.vocab_size if task.kind == "classification" else 0,
                         d_in=task.d_in, d_out=task.d_out).to(dev)
-    run_model = torch.compile(model) if cfg.compile else model
+    run_model = model if cfg.compile == "off" else torch.compile(model, mode=cfg.compile)
     order = batch_order(len(data["train"]), cfg.steps, cfg.batch_size, seed).to(dev)
     primary = task.primary
     res = RunResult(state="COMPLETE", params=count_params(model),
@@ -182,7 +182,7 @@ def train(task: Task, mixer: str, knobs: dict[str, Any] | None = None,
             elapsed = t - state["t0"] - state["eval_time"]
             rate = step / max(elapsed, 1e-9)
             res.history.append({"step": step, "train_loss": train_loss, **val,
-                                "steps_per_s": rate})
+                                "steps_per_s": rate, "train_time_s": elapsed})
             if log:
                 log(f"  step {step:>6}/{cfg.steps} | loss {train_loss:.4f} | val {primary.name} "
                     f"{val[primary.name]:.4f} | {rate:.1f} steps/s "
