@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import RMSNorm, ShortConv
+from .common import ShortConv
 
 
 class ConvAct(nn.Module):
@@ -25,14 +25,15 @@ class GatedNorm(nn.Module):
     """Per-head RMSNorm of (B, H, T, Dh) outputs, times SiLU(gate) with gate (B, T, H*Dh);
     returns (B, T, H*Dh)."""
 
-    def __init__(self, head_dim: int):
+    def __init__(self, head_dim: int, eps: float = 1e-6):
         super().__init__()
-        self.norm = RMSNorm(head_dim)
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(head_dim))
 
     def forward(self, o, gate):
         B, H, T, D = o.shape
-        o = self.norm(o.float()).transpose(1, 2).reshape(B, T, H * D)
-        return (o * F.silu(gate.float())).to(gate.dtype)
+        o = F.rms_norm(o.float().transpose(1, 2), (D,), self.weight, self.eps).reshape(B, T, H * D)
+        return (o * F.silu(gate)).to(gate.dtype)
 
 
 def dt_bias_init(n: int, dt_min: float = 1e-3, dt_max: float = 0.1) -> torch.Tensor:
@@ -42,4 +43,4 @@ def dt_bias_init(n: int, dt_min: float = 1e-3, dt_max: float = 0.1) -> torch.Ten
 
 
 def l2norm(x, eps: float = 1e-6):
-    return x / (x.float().pow(2).sum(-1, keepdim=True) + eps).sqrt().to(x.dtype)
+    return F.normalize(x, dim=-1, eps=eps)

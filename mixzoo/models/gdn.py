@@ -59,11 +59,9 @@ class GatedDeltaNet(nn.Module):
             raise ValueError(f"backend={backend!r}; allowed: auto, torch, fla")
         self.h, self.dh, self.neg, self.chunk, self.requested = (
             num_heads, d_model // num_heads, allow_neg_eigval, chunk_size, backend)
-        self.q_proj, self.k_proj, self.v_proj, self.g_proj = (
-            nn.Linear(d_model, d_model, bias=False) for _ in range(4))
-        self.q_conv, self.k_conv, self.v_conv = (ConvAct(d_model, conv_size) for _ in range(3))
-        self.a_proj = nn.Linear(d_model, num_heads, bias=False)
-        self.b_proj = nn.Linear(d_model, num_heads, bias=False)
+        # one projection for q, k, v (through one short convolution), the output gate, a and β
+        self.proj = nn.Linear(d_model, 4 * d_model + 2 * num_heads, bias=False)
+        self.conv = ConvAct(3 * d_model, conv_size)
         self.A_log = nn.Parameter(torch.log(torch.empty(num_heads).uniform_(1, 16)))
         self.dt_bias = nn.Parameter(dt_bias_init(num_heads))
         self.o_norm = GatedNorm(self.dh)
@@ -80,11 +78,12 @@ class GatedDeltaNet(nn.Module):
         return fn if ok else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q = l2norm(split_heads(self.q_conv(self.q_proj(x)), self.h))
-        k = l2norm(split_heads(self.k_conv(self.k_proj(x)), self.h))
-        v = split_heads(self.v_conv(self.v_proj(x)), self.h)
-        g = -self.A_log.float().exp() * F.softplus(self.a_proj(x).float() + self.dt_bias)   # (B, T, H)
-        beta = self.b_proj(x).float().sigmoid() * (2.0 if self.neg else 1.0)
+        d = x.shape[-1]
+        qkv, gate, a, b = self.proj(x).split([3 * d, d, self.h, self.h], dim=-1)
+        q, k, v = (split_heads(t, self.h) for t in self.conv(qkv).chunk(3, dim=-1))
+        q, k = l2norm(q), l2norm(k)
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)                # (B, T, H)
+        beta = b.float().sigmoid() * (2.0 if self.neg else 1.0)
         g, beta = g.transpose(1, 2), beta.transpose(1, 2)                                     # (B, H, T)
         fast = self._fast(x)
         if fast is not None:
@@ -95,7 +94,7 @@ class GatedDeltaNet(nn.Module):
         else:
             self.backend = "torch-chunk"
             o = gated_delta_chunk(q, k, v, g, beta, scale=self.dh ** -0.5, chunk=self.chunk)
-        return self.o_proj(self.o_norm(o, self.g_proj(x)))
+        return self.o_proj(self.o_norm(o, gate))
 
     def state_size(self, seq_len: int) -> int:
         return self.h * self.dh * self.dh

@@ -62,11 +62,10 @@ class MesaNet(nn.Module):
             raise ValueError(f"lambda_init={lambda_init} must exceed lambda_min={lambda_min}")
         self.h, self.dh, self.lmin, self.cg, self.requested = (
             num_heads, d_model // num_heads, lambda_min, cg_steps, backend)
-        self.q_proj, self.k_proj, self.v_proj, self.g_proj = (
-            nn.Linear(d_model, d_model, bias=False) for _ in range(4))
-        self.q_conv, self.k_conv, self.v_conv = (ConvAct(d_model, conv_size) for _ in range(3))
+        # one projection for q, k, v (through one short convolution), the output gate and β
+        self.proj = nn.Linear(d_model, 4 * d_model + num_heads, bias=False)
+        self.conv = ConvAct(3 * d_model, conv_size)
         self.a_proj = nn.Linear(d_model, num_heads, bias=True)
-        self.b_proj = nn.Linear(d_model, num_heads, bias=False)
         nn.init.constant_(self.a_proj.bias, 3.0)          # forget gate starts near 0.95
         init = math.log(math.expm1(lambda_init - lambda_min))
         self.lam = nn.Parameter(torch.full((num_heads, self.dh), init))
@@ -84,23 +83,29 @@ class MesaNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tt = lambda t: t.transpose(1, 2).contiguous()          # (B, H, T, D) <-> (B, T, H, D)
-        q = l2norm(split_heads(self.q_conv(self.q_proj(x)), self.h))
-        k = l2norm(split_heads(self.k_conv(self.k_proj(x)), self.h))
-        v = split_heads(self.v_conv(self.v_proj(x)), self.h)
+        d = x.shape[-1]
+        qkv, gate, b = self.proj(x).split([3 * d, d, self.h], dim=-1)
+        q, k, v = (split_heads(t, self.h) for t in self.conv(qkv).chunk(3, dim=-1))
+        q, k = l2norm(q), l2norm(k)
         g = F.logsigmoid(self.a_proj(x).float())                # (B, T, H)
-        beta = self.b_proj(x).float().sigmoid()
+        beta = b.float().sigmoid()
         lamb = F.softplus(self.lam.float()) + self.lmin         # (H, D)
         fast = self._fast(x)
         if fast is not None:
             self.backend = "fla-chunk"
-            o = fast(tt(q), tt(k), tt(v), g=g, beta=beta, lamb=lamb, max_CG_iteration=self.cg)[0]
+            T = x.shape[1]
+            pad = -T % 64                                        # whole chunks for the kernel
+            if pad:                                              # zero keys, values, gates: no effect on t < T
+                q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
+                g, beta = F.pad(g, (0, 0, 0, pad)), F.pad(beta, (0, 0, 0, pad))
+            o = fast(tt(q), tt(k), tt(v), g=g, beta=beta, lamb=lamb, max_CG_iteration=self.cg)[0][:, :T]
         else:
             self.backend = "torch-exact"
             ref = _fla.naive("mesa_net", "naive_mesa_net_exact")
             if ref is None:
                 raise RuntimeError("mesa: the reference needs flash-linear-attention installed")
             o, _, _ = ref(tt(q), tt(k), tt(v), g=g, lamb=lamb, beta=beta)
-        return self.o_proj(self.o_norm(tt(o), self.g_proj(x)))
+        return self.o_proj(self.o_norm(tt(o), gate))
 
     def state_size(self, seq_len: int) -> int:
         return 2 * self.h * self.dh * self.dh
