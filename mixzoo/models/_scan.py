@@ -178,3 +178,29 @@ def gated_delta_recurrent(q, k, v, g, beta, *, scale: float = 1.0) -> torch.Tens
         S = S + beta[..., t, None, None].float() * err.unsqueeze(-1) * kt.unsqueeze(-2)
         out.append((S @ qt.unsqueeze(-1)).squeeze(-1))
     return (torch.stack(out, 2) * scale).to(q.dtype)
+
+
+@_no_autocast
+def decayed_prefix_sums(x: torch.Tensor, g: torch.Tensor, *, chunk: int = 64) -> torch.Tensor:
+    """S_t = Σ_{s<=t} exp(Σ_{s<l<=t} g_l) x_s for x (B, H, T, P) and log-decays g (B, H, T):
+    every prefix state materialized, by the chunked parallel form (no step loop)."""
+    B, H, T, P = x.shape
+    dt = x.dtype
+    cdt = torch.float64 if dt == torch.float64 else torch.float32
+    x, g = x.to(cdt), g.to(cdt)
+    C = max(1, min(chunk, T))
+    xc = _chunked(x, C)                                                  # (B, H, N, C, P)
+    gc = _chunked(g.unsqueeze(-1), C).squeeze(-1).cumsum(-1)             # (B, H, N, C)
+    N = gc.shape[2]
+    tri = torch.ones(C, C, dtype=torch.bool, device=x.device).tril()
+    L = (gc.unsqueeze(-1) - gc.unsqueeze(-2)).masked_fill(~tri, float("-inf")).exp()
+    s = L @ xc                                                           # within the chunk
+    if N > 1:
+        last = gc[..., -1]                                               # (B, H, N)
+        ends = ((last.unsqueeze(-1) - gc).exp().unsqueeze(-2) @ xc).squeeze(-2)    # (B, H, N, P)
+        cum = last.cumsum(-1)
+        dm = (cum[..., :, None] - last[..., :, None]) - cum[..., None, :]
+        strict = torch.ones(N, N, dtype=torch.bool, device=x.device).tril(-1)
+        enter = dm.masked_fill(~strict, float("-inf")).exp() @ ends      # (B, H, N, P)
+        s = s + gc.exp().unsqueeze(-1) * enter.unsqueeze(-2)
+    return s.flatten(2, 3)[:, :, :T].to(dt)

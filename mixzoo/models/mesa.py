@@ -5,8 +5,8 @@ H_kk,t = Σ_{j<=t} (Π a) β_j k_j k_jᵀ and H_kv,t the same with v_j k_jᵀ.
 Layer: q, k, v after a short convolution and SiLU, q and k L2-normalized, forget gate
 a = σ(W_a x), input gate β = σ(W_b x), per-head per-dimension Λ = softplus(λ) + λ_min,
 gated RMSNorm on the output. Paths: ``fla-chunk`` (fla's Triton ``chunk_mesa_net``, conjugate
-gradient, on a GPU) and ``torch-exact`` (fla's plain-PyTorch exact solve, loaded by file path;
-the CPU path).
+gradient, on a GPU) and ``torch-exact`` (``mesa_exact``: chunked prefix sums and one batched solve
+per position; the CPU path).
 """
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from torch import nn
 from ..registry import register_mixer
 from . import _fla
 from ._parts import ConvAct, GatedNorm, l2norm
+from ._scan import decayed_prefix_sums
 from .common import split_heads
 
 
@@ -38,6 +39,18 @@ def mesa_core(q, k, v, *, ridge: float = 1.0, decay: float = 1.0):
     eye = torch.eye(K, dtype=q.dtype, device=q.device)
     x = torch.linalg.solve(hkk + ridge * eye, q.unsqueeze(-1))
     return (hvk @ x).squeeze(-1)
+
+
+def mesa_exact(q, k, v, g, beta, lamb):
+    """The exact Mesa read-out on (B, H, T, D) inputs with log forget gates g and input gates
+    β (B, H, T) and Λ (H, D): prefix sums of β k kᵀ and β v kᵀ, one batched solve per position."""
+    B, H, T, D = q.shape
+    kb = k.float() * beta.unsqueeze(-1)
+    hkk = decayed_prefix_sums((kb.unsqueeze(-1) * k.float().unsqueeze(-2)).flatten(-2), g).unflatten(-1, (D, D))
+    hvk = decayed_prefix_sums((v.float().unsqueeze(-1) * kb.unsqueeze(-2)).flatten(-2), g).unflatten(-1, (D, D))
+    with torch.autocast(q.device.type, enabled=False):
+        x = torch.linalg.solve(hkk + torch.diag_embed(lamb.float())[None, :, None], q.float().unsqueeze(-1))
+        return (hvk @ x).squeeze(-1)
 
 
 @register_mixer("mesa", core=mesa_core,
@@ -101,10 +114,7 @@ class MesaNet(nn.Module):
             o = fast(tt(q), tt(k), tt(v), g=g, beta=beta, lamb=lamb, max_CG_iteration=self.cg)[0][:, :T]
         else:
             self.backend = "torch-exact"
-            ref = _fla.naive("mesa_net", "naive_mesa_net_exact")
-            if ref is None:
-                raise RuntimeError("mesa: the reference needs flash-linear-attention installed")
-            o, _, _ = ref(tt(q), tt(k), tt(v), g=g, lamb=lamb, beta=beta)
+            o = tt(mesa_exact(q, k, v, g.transpose(1, 2), beta.transpose(1, 2), lamb))
         return self.o_proj(self.o_norm(tt(o), gate))
 
     def state_size(self, seq_len: int) -> int:
