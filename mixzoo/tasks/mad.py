@@ -153,7 +153,19 @@ def _ints(rng: np.random.Generator, lo: int, hi: int, shape) -> torch.Tensor:
 def _distinct_tuples(rng: np.random.Generator, shape, k: int, pool: int, offset: int) -> torch.Tensor:
     """shape + (k,) tokens: uniform ordered k-tuples of distinct tokens from [offset, offset+pool)."""
     m = int(np.prod(shape)) if shape else 1
-    if k * k > 2 * pool:
+    if k <= 4:
+        # sequentially: the j-th token is the r-th unused one, r uniform over pool - j
+        dt = small_int_dtype(pool)
+        chosen = []
+        for j in range(k):
+            x = rng.integers(0, pool - j, m, dtype=dt)
+            if j:
+                prev = np.sort(np.stack(chosen, 1), axis=1)
+                for c in range(j):
+                    x = x + (x >= prev[:, c])
+            chosen.append(x)
+        out = torch.from_numpy(np.stack(chosen, 1)).long()
+    elif k * k > 2 * pool:
         r = rng.random((m, pool), dtype=np.float32).argsort(axis=1)[:, :k]
         out = torch.from_numpy(r.astype(np.int64))
     else:
