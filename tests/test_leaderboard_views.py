@@ -41,7 +41,8 @@ def by_hand(rows: list[dict]) -> dict[tuple, dict]:
             configs.setdefault((r["task"], r["knobs_json"], r["model"], r["hparams_json"]), []).append(r)
     per: dict[tuple, list] = {}
     for (task, knobs, model, hp), rs in configs.items():
-        val = statistics.mean(r["val_metric_value"] for r in rs)
+        vals = [r["val_metric_value"] for r in rs if r["val_metric_value"] is not None]
+        val = statistics.mean(vals) if vals else float("nan")
         sign = 1 if rs[0]["higher_is_better"] else -1
         per.setdefault((task, knobs, model), []).append((-sign * val, -len(rs), hp, rs))
     out = {}
@@ -50,7 +51,7 @@ def by_hand(rows: list[dict]) -> dict[tuple, dict]:
         test = [r["metric_value"] for r in rs]
         out[key] = {"hparams_json": hp, "mean": statistics.mean(test), "n": len(test), "configs": len(cands),
                     "std": statistics.stdev(test) if len(test) > 1 else float("nan"),
-                    "val": statistics.mean(r["val_metric_value"] for r in rs)}
+                    "val": -sign * min(cands, key=lambda c: c[:3])[0]}
     return out
 
 
@@ -156,3 +157,11 @@ def test_filters(real):
     assert filter_rows(real, suite="mad") == [] and len(filter_rows(real, task="mqar")) == len(real)
     v = best_view(filter_rows(real, where={"kv": "4"}))
     assert len(v.records) == 2 and {r["setting"] for r in v.records} == {"default"}
+
+
+def test_old_rows_without_knob_columns_filter_by_knobs_json(full):
+    old = [r for r in full if r["model"] == "mamba"]
+    assert old and all(r["knob_kv"] is None for r in old)
+    kv = json.loads(old[0]["knobs_json"])["kv"]
+    assert {r["model"] for r in filter_rows(full, task="mqar", where={"kv": str(kv)})} == {"softmax", "lla", "mamba"}
+    assert "mamba" not in {r["model"] for r in filter_rows(full, task="mqar", where={"kv": str(6 - kv)})}

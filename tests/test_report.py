@@ -79,13 +79,20 @@ def test_report_is_self_contained_and_complete(report):
     assert "4/6 tasks" in page
 
 
+def _console(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if "CONSOLE" in ln or "Uncaught" in ln or "Failed to load" in ln]
+
+
 def test_report_opens_in_chromium_without_console_errors(report, chromium, tmp_path):
+    # the detector itself sees a console error when there is one
+    bad = tmp_path / "bad.html"
+    bad.write_text("<html><body><script>console.error('boom')</script></body></html>")
+    assert any("boom" in ln for ln in _console(_chromium(chromium, tmp_path, "--dump-dom", bad.as_uri()).stderr))
     shot = tmp_path / "report.png"
     r = _chromium(chromium, tmp_path, f"--screenshot={shot}", "--window-size=1280,2400",
                   "--virtual-time-budget=3000", report.as_uri())
     assert shot.exists() and shot.stat().st_size > 20_000, r.stderr[-2000:]
-    console = [ln for ln in r.stderr.splitlines() if "CONSOLE" in ln or "Uncaught" in ln or "Failed to load" in ln]
-    assert console == [], console
+    assert _console(r.stderr) == [], _console(r.stderr)
     # keep the screenshot beside the report for a human to look at
     shutil.copy(shot, report.with_suffix(".png"))
 

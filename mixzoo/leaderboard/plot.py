@@ -70,7 +70,10 @@ def provenance_line(rows: list[dict]) -> str:
 
 
 def _footnote(fig, text: str) -> None:
-    fig.text(0.01, -0.01, text, ha="left", va="top", fontsize=6.5, color="#555555", wrap=True)
+    """A small note under everything already drawn (tick labels included)."""
+    fig.canvas.draw()
+    bottom = fig.get_tightbbox(fig.canvas.get_renderer()).y0 / fig.get_figheight()
+    fig.text(0.01, bottom - 0.015, text, ha="left", va="top", fontsize=6.5, color="#555555")
 
 
 def _metric_label(b: Best) -> str:
@@ -160,23 +163,25 @@ def plot_bars(table, *, out, tasks=None, models=None) -> Path:
     fig, axes = plt.subplots(1, len(metrics), figsize=(max(5.2, sum(widths) + 1), 3.4), squeeze=False,
                              gridspec_kw={"width_ratios": widths})
     names = sorted({m for _, m in scores})
+    handles = {}
     for ax, (metric, hib) in zip(axes[0], metrics):
         ts = sorted({t for (t, _), s in scores.items() if (s["metric"], s["higher_is_better"]) == (metric, hib)})
-        w = 0.8 / len(names)
-        for j, m in enumerate(names):
-            xs = [i - 0.4 + w * (j + 0.5) for i in range(len(ts))]
-            hs = [scores[(t, m)]["score"] if (t, m) in scores else math.nan for t in ts]
-            ax.bar(xs, hs, width=w * 0.92, color=color_of(m, names), label=m, zorder=2)
-            for x, t in zip(xs, ts):
+        per = {t: [m for m in names if (t, m) in scores] for t in ts}
+        w = 0.8 / max(len(v) for v in per.values())
+        for i, t in enumerate(ts):
+            for j, m in enumerate(per[t]):       # only the mechanisms present, centred on the task
+                x = i + w * (j - (len(per[t]) - 1) / 2)
+                handles[m] = ax.bar([x], [scores[(t, m)]["score"]], width=w * 0.92, color=color_of(m, names),
+                                    label=m, zorder=2)
                 pts = [b.test_mean for b in bests if b.task == t and b.model == m]
                 ax.scatter([x] * len(pts), pts, s=7, color="#222222", alpha=0.6, lw=0, zorder=3)
         ax.set_xticks(range(len(ts)))
-        ax.set_xticklabels(ts, rotation=20 if len(ts) > 3 else 0, ha="right" if len(ts) > 3 else "center")
+        rot = len(ts) > 3 or max(len(t) for t in ts) > 12
+        ax.set_xticklabels(ts, rotation=25 if rot else 0, ha="right" if rot else "center")
         ax.set_ylabel(f"test {metric} ({'higher' if hib else 'lower'} is better)")
-        if not hib:
-            ax.set_yscale("log")
+        ax.set_xlim(-0.6, len(ts) - 0.4)
         ax.grid(axis="x", visible=False)
-    axes[0][-1].legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    axes[0][-1].legend([handles[m] for m in names], names, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     fig.suptitle("Score per task", fontsize=10)
     _footnote(fig, "Bar: mean over a task's settings of the best configuration's test mean over seeds (chosen on "
                    f"validation); dots: single settings.\n{provenance_line(rows)}")
@@ -207,9 +212,10 @@ def plot_ttr_curves(curves: dict[str, list[float]], out, segment_len: int | None
     ax.set_xlabel("position in sequence")
     ax.set_ylabel("MSE (log scale, lower is better)")
     ax.set_title(title + (f"  (segment {segment_len})" if segment_len else ""), fontsize=9.5)
-    ax.legend(loc="best", fontsize=7.5)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7.5)
     _footnote(fig, "Training-free: each estimator predicts v_i from the pairs before i; MSE against the noiseless "
-                   "target, averaged over sequences." + ("  Dotted: segment boundaries." if segment_len else ""))
+                   "target, averaged over sequences\n(as the ttr evaluation reports it)."
+                   + ("  Dotted: segment boundaries." if segment_len else ""))
     return _save(fig, _out(out, "ttr-mse.png"))
 
 

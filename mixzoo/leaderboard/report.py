@@ -41,7 +41,7 @@ th,td{border-bottom:1px solid #e4e4e4;padding:3px 9px;text-align:left;vertical-a
 th{background:#f4f4f4;font-weight:600}td.num{text-align:right;font-variant-numeric:tabular-nums}
 tr:hover td{background:#fafafa}.note{color:#555;font-size:12.5px;margin:2px 0}
 .warn{background:#fff4e5;border-left:4px solid #e69f00;padding:6px 10px;margin:8px 0}
-figure{margin:10px 0 18px}figure img{max-width:100%;border:1px solid #eee}
+figure{margin:10px 0 18px}figure img{max-width:100%;height:auto;border:1px solid #eee}
 figcaption{color:#555;font-size:12.5px}code{font-size:12px;background:#f4f4f4;padding:1px 4px;border-radius:3px}
 td.cmd{white-space:normal;font-family:monospace;font-size:11.5px;max-width:560px;word-break:break-all}
 details summary{cursor:pointer;color:#0b5394}.scroll{overflow-x:auto}
@@ -74,8 +74,10 @@ def table_html(v: View, extra: list[tuple[str, str]] | None = None) -> str:
 
 
 def _img(path: Path, caption: str) -> str:
-    data = base64.b64encode(path.read_bytes()).decode()
-    return (f'<figure><img alt="{_e(caption)}" src="data:image/png;base64,{data}">'
+    raw = path.read_bytes()
+    width = int.from_bytes(raw[16:20], "big") * 2 // 3     # saved at 150 dpi, shown at 100
+    data = base64.b64encode(raw).decode()
+    return (f'<figure><img alt="{_e(caption)}" width="{width}" src="data:image/png;base64,{data}">'
             f"<figcaption>{_e(caption)}</figcaption></figure>")
 
 
@@ -98,7 +100,8 @@ def _commands(rows: list[dict]) -> str:
         cmd = rec.get("command") or "(not recorded: run from the Python API)"
         body.append(f"<tr>{tds}<td>{_e(rec.get('run_id'))}</td><td>{_e(created)}</td>"
                     f'<td class="cmd">{_e(cmd)}</td></tr>')
-    return (f"<details><summary>{len(v.records)} rows (every seed of every run, all states)</summary>"
+    opened = " open" if len(v.records) <= 200 else ""
+    return (f"<details{opened}><summary>{len(v.records)} rows (every seed of every run, all states)</summary>"
             f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
             "</details>")
 
@@ -121,6 +124,10 @@ def render(rows: list[dict], *, results: str = "", warnings: list[str] | None = 
              f'<p class="note">{_e(PROTOCOL)}</p>']
     for w in warnings:
         parts.append(f'<div class="warn">{_e(w)}</div>')
+    toc = ([("mad", "MAD score")] if any(b.task in MAD_TASKS for b in bests) else []) + \
+        ([("rank", "Ranking per task")] if bests else []) + [(f"task-{t}", t) for t in tasks] + \
+        [("provenance", "Provenance"), ("commands", "Every result and its command")]
+    parts.append('<p class="note">Contents: ' + " · ".join(f'<a href="#{_e(a)}">{_e(t)}</a>' for a, t in toc) + "</p>")
 
     def figure(fn, caption, **kw):
         try:
@@ -130,9 +137,9 @@ def render(rows: list[dict], *, results: str = "", warnings: list[str] | None = 
             return f'<div class="warn">{_e(warnings[-1])}</div>'
 
     if any(b.task in MAD_TASKS for b in bests):
-        parts += ["<h2>MAD score</h2>", table_html(mad_view(rows))]
+        parts += ['<h2 id="mad">MAD score</h2>', table_html(mad_view(rows))]
     if bests:
-        parts += ["<h2>Ranking per task</h2>", table_html(rank_view(rows)),
+        parts += ['<h2 id="rank">Ranking per task</h2>', table_html(rank_view(rows)),
                   figure(plot.plot_bars, "Score per task: bars are the mean over settings; dots single settings.",
                          table=rows, out=figdir / "tasks-bars.png")]
     for t in tasks:
@@ -153,8 +160,8 @@ def render(rows: list[dict], *, results: str = "", warnings: list[str] | None = 
         parts.append('<p class="note">The leaderboard is empty.</p>')
     elif not done:
         parts.append('<p class="note">No COMPLETE rows yet.</p>')
-    parts += ["<h2>Provenance</h2>", table_html(_provenance(rows)),
-              "<h2>Every result and the command that produced it</h2>", _commands(rows)]
+    parts += ['<h2 id="provenance">Provenance</h2>', table_html(_provenance(rows)),
+              '<h2 id="commands">Every result and the command that produced it</h2>', _commands(rows)]
     csp = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f'<meta http-equiv="Content-Security-Policy" content="{csp}">'

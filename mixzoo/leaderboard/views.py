@@ -291,7 +291,7 @@ def _swept_hparams(cfgs: Iterable[Config]) -> dict[str, list[str]]:
 
 def _config_label(hp: dict, keys: list[str]) -> str:
     keys = keys or [k for k in ("lr", "weight_decay") if k in hp]
-    return ", ".join(f"{k}={fmt_num(hp.get(k)) if isinstance(hp.get(k), float) else hp.get(k)}" for k in keys)
+    return ", ".join(f"{k}={hp.get(k):g}" if isinstance(hp.get(k), float) else f"{k}={hp.get(k)}" for k in keys)
 
 
 def best_view(rows: list[dict]) -> View:
