@@ -193,7 +193,7 @@ def reap(storage, sid: int, trials, grace: float, log: Callable[[str], None]) ->
         ua["retry_of"] = t.number
         params = dict(t.system_attrs.get("fixed_params") or {})
         params.update(t.params)
-        storage.create_new_trial(t._study_id, template_trial=create_trial(
+        storage.create_new_trial(sid, template_trial=create_trial(
             state=TS.WAITING, system_attrs={"fixed_params": params}, user_attrs=ua))
         log(f"reaped stale trial {t.number} (slot {ua.get('slot')}) and re-enqueued it")
         n += 1
@@ -370,8 +370,19 @@ def step(ctx: Context, units: list[Unit]) -> str:
 
 def work(ctx: Context, units: list[Unit], stop: Callable[[], bool] = lambda: False) -> None:
     """A worker: claim and run trials and final seeds until nothing is left."""
+    errors = 0
     while not stop():
-        r = step(ctx, units)
+        try:
+            r = step(ctx, units)
+            errors = 0
+        except Exception as e:  # a storage hiccup: retry a few times before giving up
+            errors += 1
+            ctx.trainer_log(traceback.format_exc())
+            if errors >= 3:
+                raise
+            ctx.log(f"storage error ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); retrying")
+            time.sleep(POLL_S)
+            continue
         if r == "done":
             return
         if r == "wait":
