@@ -122,6 +122,7 @@ def main(args) -> int:
     lengths = [256, 512] if quick else [1024, 2048, 4096, 8192, 16384]
     dims = [64] if quick else [64, 128]
     flash_max = int(os.environ.get("MIXZOO_FLASHLLA_MAX_LEN", "512" if quick else "4096"))
+    flash_min = int(os.environ.get("MIXZOO_FLASHLLA_MIN_LEN", "0"))
     flash_dims = {64, 128} if quick else {int(d) for d in os.environ.get("MIXZOO_FLASHLLA_DIMS", "128").split(",")}
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}, batch x heads {B * H} ({B}x{H}), bf16, "
           f"causal, LLA ridge {LAM}, our CG tol {triton_lla.DEFAULTS['tol']} (max {triton_lla.DEFAULTS['max_iter']} it.), "
@@ -135,7 +136,7 @@ def main(args) -> int:
                 if f is None:
                     row[name] = {"skip": why}
                     continue
-                if name == "flashlla" and (T > flash_max or D not in flash_dims):
+                if name == "flashlla" and (T > flash_max or T < flash_min or D not in flash_dims):
                     row[name] = {"skip": "not run at this size (slow; see MIXZOO_FLASHLLA_MAX_LEN)"}
                     continue
                 try:

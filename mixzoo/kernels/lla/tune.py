@@ -53,7 +53,7 @@ def accuracy(BH, T, D, lam, settings, qscale=1.0):
     out = {}
     for name, (tol, jac) in settings.items():
         xs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-        o = K.lla(*xs, ridge=lam, tol=tol, jacobi=jac)
+        o = K.lla(*(x[None] for x in xs), ridge=lam, tol=tol, jacobi=jac)[0]
         gs = torch.autograd.grad(o, xs, go)
         out[name] = [_rel(o, ref)] + [_rel(a, b) for a, b in zip(gs, rg)]
     return out
@@ -68,14 +68,14 @@ def main(argv=None) -> int:
     # 1) tolerance and Jacobi at the default tiles
     print("== tol / jacobi (default tiles): fwd ms, bwd ms, fwd it mean/max, bwd it mean/max ==")
     for D in (128, 64):
-        for tol in (1e-2, 3e-3, 1e-3, 1e-4):
+        for tol in (1e-2, 1e-3):
             for jac in (False, True):
                 if jac and tol not in (1e-3,):
                     continue
                 r = time_variant(BH, T, D, LAM, tol, 32, jac, None)
                 print(f"D={D} tol={tol:g} jacobi={jac}: {r[0]:.3f} {r[1]:.3f} | {r[2]:.1f}/{r[3]} {r[4]:.1f}/{r[5]}", flush=True)
     # fixed iteration counts, as FlashLLA runs them (tol 0 -> never converges early)
-    for it in (8, 32):
+    for it in ():
         r = time_variant(BH, T, 128, LAM, 0.0, it, False, None)
         print(f"D=128 fixed {it} it.: {r[0]:.3f} {r[1]:.3f} | {r[2]:.1f}/{r[3]} {r[4]:.1f}/{r[5]}", flush=True)
     # 2) tile configs at D=128
