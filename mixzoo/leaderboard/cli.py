@@ -60,10 +60,12 @@ def _views(args, rows):
     view = args.view or ("rows" if args.all else "best")
     if view == "pivot" and args.axis:
         tasks = [args.task] if args.task else sorted({r["task"] for r in complete_rows(rows)})
-        for t in tasks:
-            knobs = task_knobs(rows, t)
-            if args.axis not in knobs:
-                raise UsageError(f"unknown axis {args.axis!r} for task {t!r}; allowed: {', '.join(knobs)}")
+        having = [t for t in tasks if args.axis in task_knobs(rows, t)]
+        if not having:
+            knobs = sorted({k for t in tasks for k in task_knobs(rows, t)})
+            where = f"task {args.task!r}" if args.task else "any task"
+            raise UsageError(f"unknown axis {args.axis!r} for {where}; allowed: {', '.join(knobs)}")
+        return [v for t in having for v in build_views(rows, view, task=t, axis=args.axis)]
     return build_views(rows, view, task=args.task, axis=args.axis)
 
 
