@@ -8,7 +8,7 @@ and their GPU path where fla's kernels cannot run. Layout (B, H, T, D), head-fir
   and Mamba-2 (q = C, k = B dt, v = x, g = A dt).
 * ``gated_delta_chunk``: the gated delta rule S_t = a_t S_{t-1} (I - β_t k_t k_tᵀ) + β_t v_t k_tᵀ
   (state written as V x K here), o_t = scale S_t q_t. Within a chunk the updates are folded with
-  one unit-lower-triangular inverse (the WY/UT form); across chunks a short loop of three fused
+  one unit-lower-triangular solve (the WY/UT form); across chunks a short loop of three fused
   matmuls per chunk carries the state.
 * ``*_recurrent``: step-by-step loops, the oracles for tests.
 """
@@ -86,27 +86,6 @@ def simple_gla_chunk(q, k, v, g, *, scale: float = 1.0, neg: torch.Tensor | None
     return (o.flatten(2, 3)[:, :, :T] * scale).to(dt)
 
 
-def unit_lower_inverse(M: torch.Tensor) -> torch.Tensor:
-    """Inverse of unit-lower-triangular (..., C, C) matrices, C a power of two, by block
-    recursion [[X, 0], [M21, Y]]^{-1} = [[X^{-1}, 0], [-Y^{-1} M21 X^{-1}, Y^{-1}]] done for all
-    diagonal blocks of one size at once: log2(C) levels of batched matmuls (no triangular
-    solve, whose batched GPU form is slow for many small systems)."""
-    C = M.shape[-1]
-    if C & (C - 1):
-        raise ValueError(f"unit_lower_inverse: size {C} is not a power of two")
-    inv = torch.ones(*M.shape[:-2], C, 1, 1, dtype=M.dtype, device=M.device)
-    b = 1
-    while b < C:
-        n = C // (2 * b)
-        blocks = M.unflatten(-2, (n, 2 * b)).unflatten(-1, (n, 2 * b))          # (..., n, 2b, n, 2b)
-        diag = torch.diagonal(blocks, dim1=-4, dim2=-2).movedim(-1, -3)          # (..., n, 2b, 2b)
-        X, Y = inv[..., 0::2, :, :], inv[..., 1::2, :, :]
-        Z = -(Y @ diag[..., b:, :b] @ X)
-        inv = torch.cat([torch.cat([X, torch.zeros_like(X)], -1), torch.cat([Z, Y], -1)], -2)
-        b *= 2
-    return inv.squeeze(-3)
-
-
 def simple_gla_recurrent(q, k, v, g, *, scale: float = 1.0, neg=None) -> torch.Tensor:
     B, H, T, K = q.shape
     a = g.float().exp()
@@ -142,7 +121,8 @@ def gated_delta_chunk(q, k, v, g, beta, *, scale: float = 1.0, chunk: int = 64) 
     # (I + A) [U | W] = [β v | β e^{γ} k],  A_ts = β_t e^{γ_t - γ_s} k_t·k_s (t > s)
     A = bc * (kc @ kc.transpose(-1, -2)) * Lst
     rhs = torch.cat([bc * vc, bc * gc.exp().unsqueeze(-1) * kc], dim=-1)
-    sol = unit_lower_inverse(A + torch.eye(C, dtype=A.dtype, device=A.device)) @ rhs
+    I_A = A + torch.eye(C, dtype=A.dtype, device=A.device)
+    sol = torch.linalg.solve_triangular(I_A, rhs, upper=False, unitriangular=True)
     U, W = sol[..., :V], sol[..., V:]                                    # δ = U - W S₀ᵀ-form
     P = (qc @ kc.transpose(-1, -2)) * Lin                                # (B, H, N, C, C)
     Qe = qc * gc.exp().unsqueeze(-1) - P @ W                             # o = P U + Qe S₀ᵀ

@@ -89,7 +89,7 @@ class MesaNet(nn.Module):
     def _fast(self, x):
         if not x.is_cuda or self.requested == "torch":
             return None
-        fn = _fla.triton_op("fla.ops.mesa_net", "chunk_mesa_net")
+        fn = _fla.triton_op("fla.ops.mesa_net", "chunk_mesa_net") if self.dh <= 128 else None
         if fn is None and self.requested == "fla":
             raise RuntimeError("mesa: backend='fla' asked for but fla's Triton kernel is unavailable")
         return fn
@@ -106,12 +106,16 @@ class MesaNet(nn.Module):
         fast = self._fast(x)
         if fast is not None:
             self.backend = "fla-chunk"
-            T = x.shape[1]
-            pad = -T % 64                                        # whole chunks for the kernel
-            if pad:                                              # zero keys, values, gates: no effect on t < T
-                q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
+            T, D = x.shape[1], self.dh
+            # The kernel is run at shapes seen to work on an H200: whole chunks of 64 and head
+            # dim 64 (head dim 32 faulted there). Zero padding is exact: padded positions come
+            # after t, padded dims have zero q, k, v (and Λ = 1), so they add nothing.
+            pad, dpad = -T % 64, (64 if D <= 64 else 128) - D
+            if pad or dpad:
+                q, k, v = (F.pad(t, (0, dpad, 0, pad)) for t in (q, k, v))
                 g, beta = F.pad(g, (0, 0, 0, pad)), F.pad(beta, (0, 0, 0, pad))
-            o = fast(tt(q), tt(k), tt(v), g=g, beta=beta, lamb=lamb, max_CG_iteration=self.cg)[0][:, :T]
+                lamb = F.pad(lamb, (0, dpad), value=1.0)
+            o = fast(tt(q), tt(k), tt(v), g=g, beta=beta, lamb=lamb, max_CG_iteration=self.cg)[0][:, :T, :, :D]
         else:
             self.backend = "torch-exact"
             o = tt(mesa_exact(q, k, v, g.transpose(1, 2), beta.transpose(1, 2), lamb))

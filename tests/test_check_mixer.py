@@ -1,0 +1,66 @@
+"""``mixzoo check-mixer`` and ``mixzoo bench mixers`` from the command line."""
+from __future__ import annotations
+
+import json
+
+from mixzoo.check import check_mixer
+from mixzoo.cli import main
+
+LEAKY = '''
+import torch
+from torch import nn
+from mixzoo.registry import register_mixer
+
+@register_mixer("leaky", search_space={"lr": ("log", 1e-4, 3e-2)})
+class Leaky(nn.Module):
+    """Sees the future (a reversed cumulative sum) and has a parameter it never uses."""
+    def __init__(self, d_model, *, num_heads=2, layer_idx=0):
+        super().__init__()
+        self.proj = nn.Linear(d_model, d_model)
+        self.unused = nn.Linear(d_model, d_model)
+        self.backend = "torch"
+    def forward(self, x):
+        return self.proj(x.flip(1).cumsum(1).flip(1))
+'''
+
+
+def test_check_mixer_cli_passes_a_builtin(capsys):
+    assert main(["check-mixer", "linear"]) == 0
+    out = capsys.readouterr().out
+    assert "pass  causal" in out and "all 1 passed" in out and "skip  fast-vs-ref    no GPU" in out
+
+
+def test_check_mixer_names_the_failures_of_a_broken_plugin(tmp_path, capsys):
+    plugin = tmp_path / "leaky.py"
+    plugin.write_text(LEAKY)
+    assert main(["--plugin", str(plugin), "check-mixer", "leaky"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  causal" in out and "FAIL  gradients" in out and "unused.weight" in out
+    bad = {r.check for r in check_mixer("leaky") if not r.ok}
+    assert bad == {"causal", "gradients"}
+
+
+def test_check_mixer_unknown_name_is_a_usage_error(capsys):
+    assert main(["check-mixer", "nope"]) == 2
+    assert "nope" in capsys.readouterr().err
+
+
+def test_bench_mixers_quick_covers_every_mechanism(tmp_path, capsys, monkeypatch):
+    import mixzoo.bench.mixers as bm
+    monkeypatch.setitem(bm.QUICK, "seq_len", 16)
+    monkeypatch.setitem(bm.QUICK, "iters", 1)
+    out = tmp_path / "bench.json"
+    assert main(["bench", "mixers", "--quick", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    names = {r["mechanism"] for r in rows}
+    assert {"lla", "parallax", "softmax", "mesa", "gdn", "mamba", "gla", "hyena", "linear"} <= names
+    assert all(r["ms"] > 0 and r["backend"] for r in rows)
+    assert "fwd+bwd ms" in capsys.readouterr().out
+
+
+def test_models_listing_builds_every_mechanism(capsys):
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    for name in ["lla", "parallax", "softmax", "mesa", "gdn", "mamba", "gla", "hyena", "linear"]:
+        line = next(ln for ln in out.splitlines() if ln.startswith(name + " "))
+        assert "error" not in line and line.split()[1].isdigit()

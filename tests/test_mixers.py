@@ -1,0 +1,157 @@
+"""The built-in mechanisms: contract checks, references against oracles, functional cores."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+
+from mixzoo.check import check_mixer
+from mixzoo.registry import mixers
+
+BUILTINS = ["lla", "parallax", "softmax", "mesa", "gdn", "mamba", "gla", "hyena", "linear"]
+
+
+def test_every_builtin_is_registered_with_search_space_and_state():
+    reg = mixers()
+    for name in BUILTINS:
+        spec = reg[name]
+        kind, lo, hi = spec.search_space["lr"]
+        assert kind == "log" and lo <= 1e-4 and hi >= 1e-2
+        m = spec.cls(32, num_heads=2, layer_idx=0)
+        assert m.state_size(64) > 0 and sum(p.numel() for p in m.parameters()) > 0
+    for name in ["softmax", "linear", "lla", "mesa", "gdn"]:
+        assert reg[name].core is not None and reg[name].core_grid
+
+
+@pytest.mark.parametrize("name,knobs", [(n, {}) for n in BUILTINS] + [
+    ("gdn", {"allow_neg_eigval": True}), ("mamba", {"allow_neg_eigval": True}),
+    ("mamba", {"version": 1}), ("mamba", {"version": 1, "allow_neg_eigval": True})])
+def test_builtin_passes_check_mixer(name, knobs):
+    results = check_mixer(name, knobs=knobs, seq_len=33, d_model=32)
+    assert {r.check for r in results} >= {"build", "forward", "causal", "gradients", "deterministic", "train"}
+    assert all(r.ok for r in results), [r for r in results if not r.ok]
+
+
+def test_no_fla_package_import_on_cpu_paths():
+    for name in BUILTINS:
+        mixers()[name].cls(32, num_heads=2)(torch.randn(1, 9, 32))
+    assert "fla" not in sys.modules
+
+
+def test_parallax_with_zero_wr_is_softmax_attention():
+    from mixzoo.models.parallax import Parallax
+    from mixzoo.models.softmax import SoftmaxAttention
+    torch.manual_seed(0)
+    p, s = Parallax(32, num_heads=2), SoftmaxAttention(32, num_heads=2)
+    s.qkv.load_state_dict(p.qkv.state_dict())
+    s.out.load_state_dict(p.out.state_dict())
+    x = torch.randn(2, 33, 32)
+    assert (p(x) - s(x)).abs().max() > 1e-3              # W_R != 0: a different map
+    with torch.no_grad():
+        p.r_proj.weight.zero_()
+    torch.testing.assert_close(p(x), s(x), atol=1e-5, rtol=1e-5)
+
+
+def test_parallax_reference_matches_fla_naive():
+    from mixzoo.models._fla import naive
+    from mixzoo.models.parallax import parallax_reference
+    ref = naive("parallax", "naive_parallax")
+    if ref is None:
+        pytest.skip("fla not installed")
+    q, r, k, v = torch.randn(4, 2, 2, 19, 8, dtype=torch.float64)
+    tt = lambda t: t.transpose(1, 2)
+    want = tt(ref(tt(q), tt(r), tt(k), tt(v)))
+    torch.testing.assert_close(parallax_reference(q, r, k, v), want.to(torch.float64), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("chunk", [4, 16, 64])
+def test_chunked_scans_match_step_recurrences(chunk):
+    from mixzoo.models._scan import gated_delta_chunk, gated_delta_recurrent, simple_gla_chunk, simple_gla_recurrent
+    g0 = torch.Generator().manual_seed(0)
+    B, H, T, K, V = 2, 2, 37, 8, 6
+    q, k = torch.randn(B, H, T, K, generator=g0), torch.randn(B, H, T, K, generator=g0)
+    k = torch.nn.functional.normalize(k, dim=-1)
+    v = torch.randn(B, H, T, V, generator=g0)
+    g = -torch.rand(B, H, T, generator=g0) * 0.5
+    beta = 2 * torch.rand(B, H, T, generator=g0)                       # negative eigenvalues too
+    neg = torch.rand(B, H, T, generator=g0) < 0.3
+    torch.testing.assert_close(simple_gla_chunk(q, k, v, g, chunk=chunk), simple_gla_recurrent(q, k, v, g),
+                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(simple_gla_chunk(q, k, v, g, neg=neg, chunk=chunk),
+                               simple_gla_recurrent(q, k, v, g, neg=neg), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(gated_delta_chunk(q, k, v, g, beta, chunk=chunk),
+                               gated_delta_recurrent(q, k, v, g, beta), atol=1e-4, rtol=1e-4)
+
+
+def test_gated_delta_chunk_matches_fla_reference():
+    from mixzoo.models._fla import naive
+    from mixzoo.models._scan import gated_delta_chunk
+    ref = naive("gated_delta_rule", "naive_recurrent_gated_delta_rule")
+    if ref is None:
+        pytest.skip("fla not installed")
+    B, T, H, K = 2, 70, 2, 8
+    q, k, v = (torch.randn(B, T, H, K) for _ in range(3))
+    k = torch.nn.functional.normalize(k, dim=-1)
+    g, beta = -torch.rand(B, T, H) * 0.2, torch.rand(B, T, H)
+    want, _ = ref(q=q, k=k, v=v, beta=beta, g=g, scale=K ** -0.5)
+    tt = lambda t: t.transpose(1, 2)
+    got = tt(gated_delta_chunk(tt(q), tt(k), tt(v), tt(g), tt(beta), scale=K ** -0.5))
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_mesa_exact_matches_fla_reference():
+    from mixzoo.models._fla import naive
+    from mixzoo.models.mesa import mesa_exact
+    ref = naive("mesa_net", "naive_mesa_net_exact")
+    if ref is None:
+        pytest.skip("fla not installed")
+    B, H, T, D = 2, 2, 70, 8
+    q, k, v = (torch.nn.functional.normalize(torch.randn(B, H, T, D), dim=-1) for _ in range(3))
+    g, beta, lamb = -torch.rand(B, H, T) * 0.3, torch.rand(B, H, T), torch.rand(H, D) + 0.3
+    tt = lambda t: t.transpose(1, 2)
+    want, _, _ = ref(tt(q), tt(k), tt(v), g=tt(g), lamb=lamb, beta=tt(beta))
+    torch.testing.assert_close(mesa_exact(q, k, v, g, beta, lamb), tt(want), atol=1e-4, rtol=1e-4)
+
+
+def test_cores_match_their_definitions():
+    from mixzoo.models.gdn import gdn_core
+    from mixzoo.models.linear import linear_core
+    from mixzoo.models.mesa import mesa_core
+    g0 = torch.Generator().manual_seed(1)
+    T, D = 12, 4
+    q, k, v = (torch.randn(T, D, generator=g0, dtype=torch.float64) for _ in range(3))
+    lam, gam, beta = 0.5, 0.9, 0.7
+    S = torch.zeros(D, D, dtype=torch.float64)
+    for i in range(T):
+        w = torch.tensor([gam ** (i - j) for j in range(i + 1)], dtype=torch.float64)
+        kk = (w[:, None, None] * k[: i + 1, :, None] * k[: i + 1, None, :]).sum(0)
+        vk = (w[:, None, None] * v[: i + 1, :, None] * k[: i + 1, None, :]).sum(0)
+        want = vk @ torch.linalg.solve(kk + lam * torch.eye(D, dtype=torch.float64), q[i])
+        torch.testing.assert_close(mesa_core(q, k, v, ridge=lam, decay=gam)[i], want)
+        torch.testing.assert_close(linear_core(q, k, v)[i], (v[: i + 1].T @ k[: i + 1]) @ q[i])
+        S = gam * S
+        S = S + beta / k[i].dot(k[i]) * torch.outer(v[i] - S @ k[i], k[i])
+        torch.testing.assert_close(gdn_core(q, k, v, beta=beta, decay=gam)[i], S @ q[i])
+
+
+def test_hyena_is_causal_and_length_consistent_at_long_length():
+    from mixzoo.models.hyena import Hyena
+    torch.manual_seed(0)
+    m = Hyena(16, num_heads=2)
+    x = torch.randn(1, 300, 16)
+    with torch.no_grad():
+        y = m(x)
+        x2 = x.clone()
+        x2[:, 150:] = torch.randn(1, 150, 16) * 5
+        assert (m(x2)[:, :150] - y[:, :150]).abs().max() < 1e-4
+        assert (m(x[:, :40]) - y[:, :40]).abs().max() < 1e-4
+
+
+def test_mamba_negative_option_gives_signed_transitions():
+    from mixzoo.models.mamba import _signed
+    log_a = torch.log(torch.tensor([0.1, 0.5, 0.9]))
+    mag, neg = _signed(log_a, True)
+    signed = torch.where(neg, -mag.exp(), mag.exp())
+    torch.testing.assert_close(signed, 2 * log_a.exp() - 1, atol=1e-5, rtol=0)
+    assert neg.tolist() == [True, False, False]
