@@ -25,7 +25,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -267,6 +267,7 @@ class Context:
     log: Callable[[str], None]            # terse lines (screen)
     trainer_log: Callable[[str], None]    # verbose lines (the worker's log file)
     grace: float = GRACE_S
+    missing: dict[str, float] = field(default_factory=dict)   # study -> first seen with a slot missing
 
 
 def setup(ctx: Context, units: list[Unit]) -> None:
@@ -337,9 +338,15 @@ def step(ctx: Context, units: list[Unit]) -> str:
         if reap(ctx.storage, sid, trials, ctx.grace, ctx.log):
             trials = ctx.storage.get_all_trials(sid, deepcopy=False)
         slots, _ = canonical(trials)
-        if len(slots) < u.trials:  # a setup was cut short: lay the missing slots
-            setup(ctx, [u])
-            return "worked"
+        if len(slots) < u.trials:
+            # a slot is missing while another worker lays or re-enqueues it; if that worker
+            # died in between, lay it after the grace period
+            if overdue(ctx, u.study):
+                setup(ctx, [u])
+                return "worked"
+            waiting = True
+            continue
+        ctx.missing.pop(u.study, None)
         if not all(t.state.is_finished() for t in slots.values()):
             t = claim(ctx.storage, trials)
             if t is not None:
@@ -356,8 +363,8 @@ def step(ctx: Context, units: list[Unit]) -> str:
             ftrials = ctx.storage.get_all_trials(fid, deepcopy=False)
         fslots, _ = canonical(ftrials)
         if len(fslots) < len(u.seeds):
-            ensure_final(ctx, u, best, repair=True)
-            return "worked"
+            waiting = True  # its creator is laying the slots (ensure_final repairs a dead creator's)
+            continue
         if all(t.state.is_finished() for t in fslots.values()):
             continue
         t = claim(ctx.storage, ftrials)
@@ -462,13 +469,19 @@ def run_search_trial(ctx: Context, u: Unit, frozen) -> None:
 
 
 # ---------------------------------------------------------------------------- final runs
-def ensure_final(ctx: Context, u: Unit, best, repair: bool = False) -> int:
+def overdue(ctx: Context, key: str) -> bool:
+    """True once ``key`` has been seen incomplete by this worker for longer than the grace period."""
+    now = time.time()
+    return now - ctx.missing.setdefault(key, now) > ctx.grace
+
+
+def ensure_final(ctx: Context, u: Unit, best) -> int:
     hp = {**u.fixed, **best.params}
     attrs = {"kind": "final", "search_study": u.study, "best_trial": best.number, "best_value": best.value,
              "hparams": json.dumps(hp, sort_keys=True, default=str), "owner": owner_token(), "created": time.time()}
     created = create_study(ctx.storage, u.final_study, u.direction, attrs)
     fid = study_id(ctx.storage, u.final_study)
-    if created or repair:
+    if created:
         ensure_slots(ctx.storage, fid, [{"slot": i, "seed": s, "kind": "final"} for i, s in enumerate(u.seeds)])
         return fid
     # created elsewhere: lay missing slots only if its creator is gone (its setup was cut short)
@@ -476,8 +489,8 @@ def ensure_final(ctx: Context, u: Unit, best, repair: bool = False) -> int:
     if len(slots) < len(u.seeds):
         import optuna
         sa = optuna.load_study(study_name=u.final_study, storage=ctx.storage).user_attrs
-        alive = owner_alive(sa.get("owner", ""))
-        if alive is False or (alive is None and time.time() - float(sa.get("created", 0)) > ctx.grace):
+        alive = owner_alive(sa["owner"]) if "owner" in sa else None
+        if alive is False or overdue(ctx, u.final_study):
             ensure_slots(ctx.storage, fid, [{"slot": i, "seed": s, "kind": "final"} for i, s in enumerate(u.seeds)])
     return fid
 

@@ -81,9 +81,11 @@ def open_storage(storage: str):
         kwargs["connect_args"] = {"timeout": 30.0}
     try:
         return optuna.storages.RDBStorage(storage, engine_kwargs=kwargs, skip_compatibility_check=False)
-    except ModuleNotFoundError as e:
-        raise UsageError(f"storage {mask(storage)!r} needs the database driver {e.name!r}; "
-                         f"allowed: install it (pip install 'mixzoo[postgres]') or use a journal file")
+    except ImportError as e:
+        cause = e.__cause__ if isinstance(e.__cause__, ImportError) else e
+        name = getattr(cause, "name", None) or "its driver"
+        raise UsageError(f"storage {mask(storage)!r} needs the database driver {name!r}, which is not installed; "
+                         f"allowed: pip install 'mixzoo[postgres]', or a journal file")
     except Exception as e:  # sqlalchemy OperationalError, ArgumentError, ...
         first = scrub(str(getattr(e, "orig", None) or e), storage).strip().splitlines()
         why = first[0] if first else type(e).__name__

@@ -1,0 +1,113 @@
+"""A smoke sweep with 2 worker processes against a real PostgreSQL server on loopback.
+
+The server comes from Debian's packages (``.ci/run`` installs them); it is started here as the
+``postgres`` user in a temporary directory on a free port. Skipped only outside CI
+(``CI`` unset) when PostgreSQL is not installed.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from test_sweeps_helpers import write_spec
+
+PASSWORD = "s3cret-Pw9"
+
+
+def _bin() -> Path | None:
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    return Path(found[-1]).parent if found else None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def postgres_url():
+    bindir = _bin()
+    if bindir is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI: PostgreSQL is not installed (.ci/run installs Debian's postgresql package)")
+        pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
+    pytest.importorskip("psycopg")
+    root = os.geteuid() == 0
+    as_pg = ["runuser", "-u", "postgres", "--"] if root else []
+    d = Path(tempfile.mkdtemp(prefix="mixzoo-pg-"))
+    data, sock = d / "data", d / "sock"
+    sock.mkdir()
+    (d / "pw").write_text(PASSWORD + "\n")
+    if root:
+        pg = pwd.getpwnam("postgres")
+        for p in (d, sock, d / "pw"):
+            os.chown(p, pg.pw_uid, pg.pw_gid)
+    port = _free_port()
+    subprocess.run([*as_pg, str(bindir / "initdb"), "-D", str(data), "-U", "mixzoo", "--auth=scram-sha-256",
+                    f"--pwfile={d / 'pw'}", "-E", "UTF8", "--no-sync"], check=True, capture_output=True)
+    subprocess.run([*as_pg, str(bindir / "pg_ctl"), "-D", str(data), "-l", str(d / "log"), "-w", "-t", "60",
+                    "-o", f"-p {port} -k {sock} -c listen_addresses=127.0.0.1 -c fsync=off", "start"],
+                   check=True, capture_output=True)
+    try:
+        yield f"postgresql://mixzoo:{PASSWORD}@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run([*as_pg, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
+                       capture_output=True)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_two_workers_on_postgres(tmp_path, postgres_url):
+    import optuna
+
+    from mixzoo.leaderboard import read_table
+    spec = write_spec(tmp_path / "pg.toml", name="t-pg", models=["softmax"], trials=4, seeds=3,
+                      extra='[pruner]\nkind = "none"\n')
+    res = tmp_path / "res"
+    cmd = [sys.executable, "-m", "mixzoo", "--results", str(res), "--device", "cpu", "sweep", str(spec),
+           "--storage", postgres_url, "--workers", "2"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "MIXZOO_SWEEP_POLL": "0.3"})
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out
+    assert PASSWORD not in out and "mixzoo:***@127.0.0.1" in out
+    # both workers claimed work; every search trial and every final seed ran exactly once
+    logs = list((res / "sweeps" / "logs").glob("*.log"))
+    text = "".join(p.read_text() for p in logs)
+    assert PASSWORD not in text
+    starts = Counter(line.split(" start ", 1)[1].split(":")[0] for line in text.splitlines() if " start " in line)
+    assert len(starts) == 4 + 3 and set(starts.values()) == {1}, starts
+    assert "[w0]" in r.stdout and "[w1]" in r.stdout
+    storage = optuna.storages.RDBStorage(postgres_url)
+    names = [s.study_name for s in storage.get_all_studies()]
+    assert len(names) == 2
+    for s in storage.get_all_studies():
+        ts = storage.get_all_trials(s._study_id)
+        want = 4 if not s.study_name.endswith(":final") else 3
+        assert len(ts) == want and all(t.state.name == "COMPLETE" for t in ts)
+        assert sorted(t.user_attrs["slot"] for t in ts) == list(range(want))
+    rows = read_table(res).to_pylist()
+    assert sorted(r["seed"] for r in rows) == [0, 1, 2]
+    assert len({r["study"] for r in rows}) == 1 and len({r["trial"] for r in rows}) == 1
+    assert all(PASSWORD not in (r["command"] or "") for r in rows)
+
+
+def test_unreachable_postgres_is_a_usage_error(tmp_path, capsys):
+    from mixzoo.cli import main
+    spec = write_spec(tmp_path / "pg.toml", name="t-pg", models=["softmax"], trials=1, seeds=1)
+    url = f"postgresql://mixzoo:{PASSWORD}@127.0.0.1:{_free_port()}/postgres"
+    assert main(["--results", str(tmp_path / "res"), "sweep", str(spec), "--storage", url]) == 2
+    cap = capsys.readouterr()
+    err = cap.err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("mixzoo: error: cannot reach storage")
+    assert PASSWORD not in cap.err + cap.out and "***" in err
+    assert not (tmp_path / "res" / "leaderboard").exists()
