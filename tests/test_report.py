@@ -15,7 +15,7 @@ import pytest
 from mixzoo.cli import main
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_leaderboard_store import full_store  # noqa: E402
+from test_leaderboard_store import full_store, real_store  # noqa: E402
 
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -111,3 +111,30 @@ def test_report_figures_render(report, chromium, tmp_path):
     assert m, r.stderr[-2000:]
     total, ok = map(int, m.groups())
     assert total >= 4 and ok == total
+
+
+def test_report_of_an_empty_or_wholly_damaged_store(tmp_path, capsys):
+    assert main(["--results", str(tmp_path / "empty"), "leaderboard", "report"]) == 0
+    assert "The leaderboard is empty" in (tmp_path / "empty" / "report.html").read_text()
+    part = tmp_path / "bad" / "leaderboard" / "suite=mqar" / "task=mqar"
+    part.mkdir(parents=True)
+    (part / "half.parquet").write_bytes(b"PAR1\x00\x01")
+    assert main(["--results", str(tmp_path / "bad"), "leaderboard", "report", "--out", str(tmp_path / "r.html")]) == 0
+    assert "half.parquet" in (tmp_path / "r.html").read_text()
+    assert main(["--results", str(tmp_path / "bad"), "leaderboard", "show"]) == 0
+    assert main(["--results", str(tmp_path / "bad"), "leaderboard", "plot"]) == 2     # nothing to plot: one line
+    err = capsys.readouterr().err
+    assert "half.parquet" in err and "nothing to plot" in err and "Traceback" not in err
+
+
+def test_report_takes_curves_from_a_file(tmp_path_factory, tmp_path):
+    import json
+    real = real_store(tmp_path_factory.getbasetemp())           # no ttr rows in this store
+    curves = tmp_path / "c.json"
+    curves.write_text(json.dumps({"softmax": [0.9, 0.5, 0.3], "lla": [0.9, 0.2, 0.1]}))
+    out = tmp_path / "r.html"
+    assert main(["--results", str(real), "leaderboard", "report", "--out", str(out)]) == 0
+    assert "Test-time regression" not in out.read_text()
+    assert main(["--results", str(real), "leaderboard", "report", "--curves", str(curves), "--out", str(out)]) == 0
+    page = out.read_text()
+    assert "Test-time regression" in page and page.count("data:image/png") == 3     # bars, mqar vs kv, ttr
