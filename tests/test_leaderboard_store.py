@@ -161,13 +161,16 @@ def test_store_reads_as_is_with_pandas_and_duckdb(full_results):
     assert nulls == len(SEEDS)
 
 
-def test_duckdb_reads_the_clean_store_with_a_glob(real_results):
+def test_duckdb_and_pandas_read_the_clean_store_whole(real_results):
     duckdb = pytest.importorskip("duckdb")
     glob = str(real_results / "leaderboard" / "**" / "*.parquet")
     n, tasks = duckdb.connect().execute(
         "SELECT count(*), list(DISTINCT task) FROM read_parquet(?, hive_partitioning=true, union_by_name=true)",
         [glob]).fetchone()
     assert n == len(GRID) * len(SEEDS) and tasks == ["mqar"]
+    pd = pytest.importorskip("pandas")
+    df = pd.read_parquet(real_results / "leaderboard")            # the directory, hive keys from the path
+    assert len(df) == n and set(df["task"].astype(str)) == {"mqar"} and set(df["suite"].astype(str)) == {"mqar"}
 
 
 def test_damaged_file_is_named_in_the_warning(full_results):
