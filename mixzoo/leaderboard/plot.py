@@ -209,6 +209,11 @@ def plot_ttr_curves(curves: dict[str, list[float]], out, segment_len: int | None
         for s in range(segment_len, length, segment_len):
             ax.axvline(s, color="#888888", lw=0.6, ls=":", zorder=1)
     ax.set_xlim(0, max(length - 1, 1))
+    from matplotlib.ticker import MaxNLocator, MultipleLocator
+    if segment_len and length // segment_len >= 2:      # ticks on segment starts, at most about 9
+        ax.xaxis.set_major_locator(MultipleLocator(segment_len * 2 ** max(0, math.ceil(math.log2(length / segment_len / 8)))))
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("position in sequence")
     ax.set_ylabel("MSE (log scale, lower is better)")
     ax.set_title(title + (f"  (segment {segment_len})" if segment_len else ""), fontsize=9.5)
