@@ -101,11 +101,13 @@ def _accuracy(mech, B, H, T, D, lam, peak=1.0):
     xd = [t.double().requires_grad_() for t in (q, k, v)]
     ref = lla_reference(*xd, ridge=lam)
     rg = torch.autograd.grad(ref, xd, g.double())
+    ref = ref.detach()
     res = {}
     for name, f in mech.items():
         xs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
         o = f(*xs, lam)
         gs = torch.autograd.grad(o, xs, g)
+        o = o.detach()
         res[name] = {"o": _rel(o, ref), "dq": _rel(gs[0], rg[0]), "dk": _rel(gs[1], rg[1]), "dv": _rel(gs[2], rg[2]),
                      "nan": bool(o.isnan().any() or any(x.isnan().any() for x in gs))}
     return res
@@ -156,8 +158,8 @@ def main(args) -> int:
     print("== speed (ms, median) and peak extra memory (MiB); ratios are LLA / other ==")
     _print_table(rows)
     acc = {}
-    acc_shapes = [(256, 64)] if quick else [(1024, 64), (1024, 128), (4096, 128)]
-    for T, D in acc_shapes:
+    acc_shapes = [(256, 64, B, H)] if quick else [(1024, 128, B, H), (4096, 128, 1, 2)]   # float64 autograd memory
+    for T, D, Ba, Ha in acc_shapes:
         mech = _mechanisms(D)
         fns = {n: (lambda q, k, v, lam, f=f, n=n: f(q, k, v, None) if n == "flashlla" else
                    triton_lla.lla(q, k, v, ridge=lam)) for n, (f, _) in mech.items() if n in ("lla", "flashlla") and f}
@@ -166,14 +168,14 @@ def main(args) -> int:
         for lam in ([LAM] if T > 1024 else [0.1, 1.0, LAM]):
             use = fns if lam == LAM else {"lla": fns["lla"]}
             for peak in ([1.0] if T > 1024 else [1.0, 4.0]):
-                acc[f"T={T} D={D} lam={lam} qscale={peak}"] = _accuracy(use, B, H, T, D, lam, peak)
+                acc[f"T={T} D={D} BH={Ba * Ha} lam={lam} qscale={peak}"] = _accuracy(use, Ba, Ha, T, D, lam, peak)
                 torch.cuda.empty_cache()
     print()
     print("== accuracy: relative L2 error vs float64 reference (bf16-rounded inputs), o / dq / dk / dv ==")
     for key, res in acc.items():
         txt = "  ".join(f"{n}: {r['o']:.1e} / {r['dq']:.1e} / {r['dk']:.1e} / {r['dv']:.1e}{' NaN' if r['nan'] else ''}"
                         for n, r in res.items())
-        print(f"{key:32s} {txt}")
+        print(f"{key:40s} {txt}")
     if getattr(args, "out", None):
         with open(args.out, "w") as fh:
             json.dump({"rows": rows, "accuracy": acc, "ridge": LAM, "batch_heads": B * H}, fh, indent=1)
