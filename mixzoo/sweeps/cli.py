@@ -63,6 +63,8 @@ def main(args) -> int:
         if args.list:
             runner.print_plan(spec)
             return 0
+        if not spec.units:
+            return runner.run_ttr(args, spec)
         if args.worker_index is not None:
             return runner.worker_main(args, spec, storage)
         return runner.coordinate(args, spec, storage, spec_arg=args.spec)

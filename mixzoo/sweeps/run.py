@@ -25,8 +25,31 @@ def load_spec(spec: str, preset: str | None = None, **kw) -> Spec:
 
 def print_plan(spec: Spec) -> None:
     print(f"spec {spec.name} [{spec.preset or '-'}] ({spec.source}): {len(spec.units)} studies")
+    if spec.ttr:
+        print(f"  training-free: 'mixzoo ttr' with {spec.ttr}")
     for u in spec.units:
         print(f"  {u.study}  trials {u.trials}, seeds {u.seeds}, space {', '.join(u.space) or '(none)'}")
+
+
+def run_ttr(args, spec: Spec) -> int:
+    """A training-free spec: the 'mixzoo ttr' evaluation with the spec's options (no Optuna:
+    the evaluation tunes each core's small grid itself)."""
+    import argparse
+
+    from ..train import ttr
+    p = argparse.ArgumentParser(prog="mixzoo ttr")
+    ttr.configure("ttr", p)
+    ns = p.parse_args([])
+    for k, v in spec.ttr.items():
+        key = k.replace("-", "_")
+        if not hasattr(ns, key) or key in ("results", "device", "plugin", "command"):
+            allowed = sorted(a.dest for a in p._actions if a.dest != "help")
+            raise UsageError(f"spec {spec.name!r} [ttr]: unknown option {k!r}; allowed: {', '.join(allowed)}")
+        setattr(ns, key, ",".join(map(str, v)) if isinstance(v, list) else v)
+    ns.results, ns.device, ns.plugin, ns.command = args.results, args.device, args.plugin, "ttr"
+    print(f"spec {spec.name} [{spec.preset or '-'}]: training-free; running 'mixzoo ttr' with "
+          + " ".join(f"--{k.replace('_', '-')} {getattr(ns, k.replace('-', '_'))}" for k in spec.ttr), flush=True)
+    return int(ttr.main(ns) or 0)
 
 
 # ---------------------------------------------------------------------------- logs

@@ -19,10 +19,12 @@ Layout (every key optional unless marked)::
     preset = "zoology-64"         #   the task's own preset
     knobs = {V = 8192}            #   fixed knobs
     grid = {kv = [4, 8]}          #   settings: the product of these lists
-    settings = [{kv = 4}, ...]    #   ... or an explicit list (both: the product of each with grid)
+    settings = [{kv = 4}, ...]    #   ... or an explicit list (both: the product of each with grid);
+                                  #   a setting may name a task preset: {preset = "V32"}
     train = {steps = 500}         #   budget overrides for this task
     models = [...]                #   overrides the top-level list
     [presets.<name>]              # overlays merged (recursively) onto everything above
+    [ttr]                         # a training-free spec: 'mixzoo ttr' options instead of [tasks]
 
 A setting's keys are task knobs or trainer/model keys (``d_model`` for a width sweep).
 """
@@ -237,6 +239,12 @@ def load(spec: str, preset: str | None = None, *, models: list[str] | None = Non
     _check_hparams(f"{where} [train]", base_train)
     search = raw.get("search", {})
     task_tables = raw.get("tasks", {})
+    ttr = raw.get("ttr", {})
+    if not isinstance(ttr, dict):
+        raise UsageError(f"{where}: [ttr] must be a table of 'mixzoo ttr' options")
+    if not task_tables and ttr:
+        return Spec(name=name, preset=preset, units=[], description=str(raw.get("description", "")), ttr=ttr,
+                    source=source)
     if not task_tables:
         raise UsageError(f"{where}: no [tasks.<name>] table; allowed: one per task, e.g. [tasks.mqar]")
     if tasks:
@@ -256,7 +264,7 @@ def load(spec: str, preset: str | None = None, *, models: list[str] | None = Non
                              f"run it with 'mixzoo {tname}'")
         knob_names = {f.name for f in cls.knob_fields()}
         from ..api import MODEL_KEYS, TRAIN_KEYS
-        setting_keys = knob_names | TRAIN_KEYS | MODEL_KEYS
+        setting_keys = knob_names | TRAIN_KEYS | MODEL_KEYS | {"preset"}
         tpreset = tt.get("preset")
         fixed_knobs = tt.get("knobs", {})
         if not isinstance(fixed_knobs, dict):
@@ -285,11 +293,12 @@ def load(spec: str, preset: str | None = None, *, models: list[str] | None = Non
             for k in s:
                 if k not in setting_keys:
                     raise UsageError(f"{twhere}: unknown knob {k!r} for task {tname}; allowed: "
-                                     f"{', '.join(sorted(knob_names))} (or trainer/model keys)")
+                                     f"{', '.join(sorted(knob_names))} (or preset, trainer/model keys)")
             s_knobs = {**fixed_knobs, **{k: v for k, v in s.items() if k in knob_names}}
-            s_hp = {k: v for k, v in s.items() if k not in knob_names}
+            s_hp = {k: v for k, v in s.items() if k not in knob_names and k != "preset"}
+            s_preset = s.get("preset", tpreset)
             try:
-                task = cls.from_knobs(s_knobs, tpreset)
+                task = cls.from_knobs(s_knobs, s_preset)
             except UsageError as e:
                 raise UsageError(f"{twhere}: {e}")
             label = ",".join(f"{k}={v}" for k, v in s.items()) or (tpreset or "default")
@@ -316,7 +325,7 @@ def load(spec: str, preset: str | None = None, *, models: list[str] | None = Non
                     if bad:
                         raise UsageError(f"{twhere}: enqueued hyperparameter {bad[0]!r} is not searched for {m}; "
                                          f"allowed: {', '.join(sorted(space)) or '(empty space)'}")
-                units.append(Unit(spec=name, preset=preset, task=tname, task_preset=tpreset, knobs=s_knobs,
+                units.append(Unit(spec=name, preset=preset, task=tname, task_preset=s_preset, knobs=s_knobs,
                                   model=m, recipe=recipe, fixed=fixed, space=space, trials=n_trials,
                                   seeds=seed_list, search_seed=search_seed, sampler=sampler, pruner=pruner,
                                   enqueue=enqueue, label=label, setting=dict(s),
