@@ -390,7 +390,7 @@ def lla_backward(q, k, v, g, lam, y, lse, scale, tol, max_iter, jacobi, cfg=None
 
 class LLAFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, ridge, scale, tol, max_iter, jacobi, cfg):
+    def forward(ctx, q, k, v, ridge, scale, tol, max_iter, jacobi, cfg, store):
         B, H, T, D = q.shape
         dtype = q.dtype if q.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
         Dp = max(16, 1 << (D - 1).bit_length())
@@ -399,7 +399,6 @@ class LLAFunction(torch.autograd.Function):
             lam = ridge.detach().to(torch.float32).broadcast_to(B, H, T).reshape(B * H, T).contiguous()
         else:
             lam = torch.full((B * H, T), float(ridge), device=q.device, dtype=torch.float32)
-        store = torch.is_grad_enabled() and any(ctx.needs_input_grad[:4])
         o, y, lse, its = lla_forward(qq, kk, vv, lam, scale, tol, max_iter, jacobi, cfg, store_y=store)
         ctx.save_for_backward(qq, kk, vv, lam, y, lse)
         ctx.meta = (B, H, T, D, scale, tol, max_iter, jacobi, cfg, q.dtype,
@@ -420,7 +419,7 @@ class LLAFunction(torch.autograd.Function):
         if ridge_shape is not None and ctx.needs_input_grad[3]:
             dridge = dlam.reshape(B, H, T)
             dridge = dridge.sum_to_size(ridge_shape) if tuple(ridge_shape) != (B, H, T) else dridge
-        return (*grads, dridge, None, None, None, None, None)
+        return (*grads, dridge, None, None, None, None, None, None)
 
 
 def lla(q, k, v, *, ridge, scale=None, tol=None, max_iter=None, jacobi=None, cfg=None):
@@ -438,7 +437,9 @@ def lla(q, k, v, *, ridge, scale=None, tol=None, max_iter=None, jacobi=None, cfg
     tol = DEFAULTS["tol"] if tol is None else float(tol)
     max_iter = DEFAULTS["max_iter"] if max_iter is None else int(max_iter)
     jacobi = DEFAULTS["jacobi"] if jacobi is None else bool(jacobi)
-    return LLAFunction.apply(q, k, v, ridge, scale, tol, max_iter, jacobi, cfg)
+    # y is kept for the backward only when one can follow (autograd.Function.forward itself runs without grad)
+    store = torch.is_grad_enabled() and any(torch.is_tensor(t) and t.requires_grad for t in (q, k, v, ridge))
+    return LLAFunction.apply(q, k, v, ridge, scale, tol, max_iter, jacobi, cfg, store)
 
 
 __all__ = ["lla", "lla_forward", "lla_backward", "LLAFunction", "CONFIGS", "DEFAULTS"]
