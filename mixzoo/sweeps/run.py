@@ -326,7 +326,10 @@ def plot(rows: list[dict], *, task: str, axis: str, out: Path, models: list[str]
     except ImportError:
         plot_metric_vs_axis = None
     if plot_metric_vs_axis is not None:
-        return Path(plot_metric_vs_axis(pa.Table.from_pylist(clean), task=task, axis=axis, out=out, models=models))
+        try:
+            return Path(plot_metric_vs_axis(pa.Table.from_pylist(clean), task=task, axis=axis, out=out, models=models))
+        except UsageError:
+            pass  # an axis that is not a task knob (d_model, ...): the plain plot below
     return _plot_fallback(rows, task=task, axis=axis, out=out, models=models)
 
 
