@@ -70,7 +70,7 @@ def test_two_workers_on_postgres(tmp_path, postgres_url):
     import optuna
 
     from mixzoo.leaderboard import read_table
-    spec = write_spec(tmp_path / "pg.toml", name="t-pg", models=["softmax"], trials=4, seeds=3,
+    spec = write_spec(tmp_path / "pg.toml", name="t-pg", models=["softmax"], trials=3, seeds=3,
                       extra='[pruner]\nkind = "none"\n')
     res = tmp_path / "res"
     cmd = [sys.executable, "-m", "mixzoo", "--results", str(res), "--device", "cpu", "sweep", str(spec),
@@ -85,14 +85,14 @@ def test_two_workers_on_postgres(tmp_path, postgres_url):
     text = "".join(p.read_text() for p in logs)
     assert PASSWORD not in text
     starts = Counter(line.split(" start ", 1)[1].split(":")[0] for line in text.splitlines() if " start " in line)
-    assert len(starts) == 4 + 3 and set(starts.values()) == {1}, starts
+    assert len(starts) == 3 + 3 and set(starts.values()) == {1}, starts
     assert "[w0]" in r.stdout and "[w1]" in r.stdout
     storage = optuna.storages.RDBStorage(postgres_url)
     names = [s.study_name for s in storage.get_all_studies()]
     assert len(names) == 2
     for s in storage.get_all_studies():
         ts = storage.get_all_trials(s._study_id)
-        want = 4 if not s.study_name.endswith(":final") else 3
+        want = 3 if not s.study_name.endswith(":final") else 3
         assert len(ts) == want and all(t.state.name == "COMPLETE" for t in ts)
         assert sorted(t.user_attrs["slot"] for t in ts) == list(range(want))
     rows = read_table(res).to_pylist()
