@@ -121,10 +121,13 @@ class MADTask(Task):
         rng = np_generator(self.name, seed, split)
         test_style = split != "train" or getattr(self, "train_targets", "values") == "values"
         step = max(1, self.chunk_tokens // max(1, self.seq_len))
-        parts = [self._make(min(step, n - s), rng, test_style, seed) for s in range(0, n, step)] or \
-            [self._make(0, rng, test_style, seed)]
-        inputs = torch.cat([p[0] for p in parts])
-        targets = torch.cat([p[1] for p in parts])
+        inputs = targets = None
+        for s in range(0, max(n, 1), step):         # chunks copied into fresh contiguous outputs
+            x, y = self._make(min(step, n - s), rng, test_style, seed)
+            if inputs is None:
+                inputs = torch.empty((n,) + x.shape[1:], dtype=x.dtype)
+                targets = torch.empty((n,) + y.shape[1:], dtype=y.dtype)
+            inputs[s:s + len(x)], targets[s:s + len(y)] = x, y
         slices = {"vocab_size": torch.full((n,), self.V, dtype=torch.long),
                   "seq_len": torch.full((n,), self.L, dtype=torch.long)}
         return Batch(inputs, targets, targets != IGNORE, slices).to(device)
@@ -146,31 +149,34 @@ def _first_occurrence(ids: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(first).scatter_(1, order, first)
 
 
-def _ints(rng: np.random.Generator, lo: int, hi: int, shape) -> torch.Tensor:
-    return torch.from_numpy(rng.integers(lo, hi, shape, dtype=small_int_dtype(hi))).long()
+def _ints(rng: np.random.Generator, lo: int, hi: int, shape, dtype=torch.long) -> torch.Tensor:
+    return torch.from_numpy(rng.integers(lo, hi, shape, dtype=small_int_dtype(hi))).to(dtype)
 
 
-def _distinct_tuples(rng: np.random.Generator, shape, k: int, pool: int, offset: int) -> torch.Tensor:
+def _distinct_tuples(rng: np.random.Generator, shape, k: int, pool: int, offset: int,
+                     dtype=torch.long) -> torch.Tensor:
     """shape + (k,) tokens: uniform ordered k-tuples of distinct tokens from [offset, offset+pool)."""
     m = int(np.prod(shape)) if shape else 1
     if k <= 4:
         # sequentially: the j-th token is the r-th unused one, r uniform over pool - j
         dt = small_int_dtype(pool)
-        chosen = []
+        chosen, srt = [], []                  # srt: the chosen tokens so far, sorted per row
         for j in range(k):
             x = rng.integers(0, pool - j, m, dtype=dt)
-            if j:
-                prev = np.sort(np.stack(chosen, 1), axis=1)
-                for c in range(j):
-                    x = x + (x >= prev[:, c])
+            for c in range(j):
+                x += x >= srt[c]
             chosen.append(x)
-        out = torch.from_numpy(np.stack(chosen, 1)).long()
+            carry = x
+            for c in range(j):                # insert x into the sorted columns (min/max network)
+                srt[c], carry = np.minimum(srt[c], carry), np.maximum(srt[c], carry)
+            srt.append(carry)
+        out = torch.from_numpy(np.stack(chosen, 1)).to(dtype)
     elif k * k > 2 * pool:
         r = rng.random((m, pool), dtype=np.float32).argsort(axis=1)[:, :k]
-        out = torch.from_numpy(r.astype(np.int64))
+        out = torch.from_numpy(r).to(dtype)
     else:
         from .mqar import distinct_draws
-        out = distinct_draws(m, k, 0, pool, rng)
+        out = distinct_draws(m, k, 0, pool, rng).to(dtype)
     return (out + offset).reshape(*shape, k)
 
 
@@ -288,7 +294,8 @@ class MADFuzzyRecall(MADTask):
     train_targets: str = knob("full_lm", choices=("full_lm", "values"),
                               help="training targets: MAD's next-token LM, or test-style values only")
 
-    version: ClassVar[int] = 1
+    # 2: candidate pairs drawn about as many as fit (same law, different samples per seed)
+    version: ClassVar[int] = 2
     presets: ClassVar[dict] = _presets("mad-fuzzy-recall")
 
     def validate(self) -> None:
@@ -301,97 +308,131 @@ class MADFuzzyRecall(MADTask):
             raise UsageError(f"mad-fuzzy-recall: L={self.L} too short for motifs; allowed: "
                              f"L >= {4 * (self.k_motif + self.v_motif)}")
 
+    def _n_candidates(self, train: bool) -> int:
+        """Candidate pairs drawn per row: enough to fill L tokens unless the row's pairs are
+        ``cand_sigmas`` standard deviations shorter than average (at most MAD's L/2 + 1)."""
+        K, Vm = self.k_motif, self.v_motif
+        mu = (K + 1) / 2 + (Vm + 1) / 2 if train else K + (Vm + 1) / 2
+        var = (Vm * Vm - 1) / 12 + ((K * K - 1) / 12 if train else 0.0)
+        m = self.L / mu
+        return min(self.L // 2 + 1, int(m + self.cand_sigmas * (var * m) ** 0.5 / mu) + 2)
+
+    cand_sigmas: ClassVar[float] = 7.0
+
     def _make(self, n, rng, test_style, seed):
         K, Vm, L = self.k_motif, self.v_motif, self.L
         train = not test_style
-        pad = self.V - 1
         nk = (self.V - 1) // 2
         nv = (self.V - 1) - nk
-        ar = torch.arange
+
+        i32 = torch.int32                            # sizes and tokens; widened once at the end
 
         def ksize(shape):
-            return _ints(rng, 1, K + 1, shape) if train else torch.full(shape, K, dtype=torch.long)
+            return _ints(rng, 1, K + 1, shape, i32) if train else torch.full(shape, K, dtype=i32)
+
+        def candidates(m, P):
+            return (ksize((m, P)), _ints(rng, 1, Vm + 1, (m, P), i32),
+                    _distinct_tuples(rng, (m, P), K, nk, 0, i32), _distinct_tuples(rng, (m, P), Vm, nv, nk, i32))
 
         # probe
-        kps, vps = ksize((n,)), _ints(rng, 1, Vm + 1, (n,))
-        kpt = _distinct_tuples(rng, (n,), K, nk, 0)
-        vpt = _distinct_tuples(rng, (n,), Vm, nv, nk)
+        kps, vps = ksize((n,)), _ints(rng, 1, Vm + 1, (n,), i32)
+        kpt = _distinct_tuples(rng, (n,), K, nk, 0, i32)
+        vpt = _distinct_tuples(rng, (n,), Vm, nv, nk, i32)
         kvp = kps + vps
-        probe_idx = (torch.from_numpy(rng.random(n)) * (L - 2 * kvp)).long()
+        probe_idx = (torch.from_numpy(rng.random(n)) * (L - 2 * kvp)).to(i32)
         bound = L - kvp - (K + Vm)
-        # candidate pairs: more than can fit (each takes at least 2 tokens)
-        P = L // 2 + 1
-        ks, vs = ksize((n, P)), _ints(rng, 1, Vm + 1, (n, P))
-        kt = _distinct_tuples(rng, (n, P), K, nk, 0)
-        vt = _distinct_tuples(rng, (n, P), Vm, nv, nk)
+        probe = (kps, vps, kpt, vpt, probe_idx, bound)
+        # candidate pairs, i.i.d.: about as many as fit, not MAD's L/2 + 1. The result equals
+        # that of L/2 + 1 candidates unless the row's last candidate starts before both the
+        # bound and the probe offset; such a (rare) row gets the missing candidates appended and
+        # is made again, so every row follows the law of L/2 + 1 candidates.
+        P_full = L // 2 + 1
+        P = self._n_candidates(train)
+        cand = candidates(n, P)
+        x, y, short = self._assemble(train, probe, cand)
+        short = short.nonzero()[:, 0] if P < P_full else short[:0]
+        if short.numel():
+            more = candidates(short.numel(), P_full - P)
+            ext = [torch.cat([c[short], m], dim=1) for c, m in zip(cand, more)]
+            x[short], y[short], _ = self._assemble(train, [v[short] for v in probe], ext)
+        return x, y
+
+    def _assemble(self, train, probe, cand):
+        """(inputs, targets) of rows from their probe and candidate pairs (see the class doc)."""
+        K, Vm, L = self.k_motif, self.v_motif, self.L
+        pad = self.V - 1
+        nk = (self.V - 1) // 2
+        kps, vps, kpt, vpt, probe_idx, bound = probe
+        ks, vs, kt, vt = cand
+        n, P = ks.shape
+        ar = torch.arange
+        kvp = kps + vps
         B = nk + 1
-        powers = B ** ar(K)
+        idt = torch.int32 if B ** K < (1 << 31) else torch.long
+        powers = (B ** ar(K)).to(idt)
 
         def key_id(tok, size):                       # unique per tuple, sizes included
             live = ar(K) < size.unsqueeze(-1)
-            return ((tok + 1) * powers * live).sum(-1)
+            return ((tok.to(idt) + 1) * powers * live).sum(-1, dtype=idt)
 
         ids = key_id(kt, ks)
         pid = key_id(kpt, kps)
         is_pk = ids == pid[:, None]
         # a repeated key keeps the value of its first occurrence; the probe key keeps the probe value
         first = _first_occurrence(ids)
+        seen = first != ar(P)
         vt = vt.gather(1, first[..., None].expand(-1, -1, Vm))
         vs = vs.gather(1, first)
         vt = torch.where(is_pk[..., None], vpt[:, None, :], vt)
         vs = torch.where(is_pk, vps[:, None], vs)
         ln = ks + vs
-        start = ln.cumsum(1) - ln
+        start = ln.cumsum(1, dtype=torch.int32) - ln
+        short = start[:, -1] < torch.maximum(bound, probe_idx)     # more candidates could matter
         # the probe goes in before the first pair starting at or after probe_idx, unless its
         # key has already appeared (then it counts as added)
         j = (start < probe_idx[:, None]).sum(1)
-        pk_before = (is_pk.long().cumsum(1) - is_pk.long()).gather(1, j[:, None])[:, 0] > 0
-        ins = (start.gather(1, j[:, None])[:, 0] < bound) & ~pk_before
+        jc = j.clamp_max(P - 1)[:, None]                # j == P only in short rows (made again)
+        pk_before = (is_pk.cumsum(1, dtype=torch.int32) - is_pk.int()).gather(1, jc)[:, 0] > 0
+        ins = (start.gather(1, jc)[:, 0] < bound) & ~pk_before
+        # tokens of each candidate and of the probe, key then value (W slots, the tail unused)
+        W = K + Vm
+        t = ar(W)
+        ctok = torch.where(t < ks[..., None], kt.gather(2, t.clamp_max(K - 1).expand(n, P, W)),
+                           vt.gather(2, (t - ks[..., None]).clamp(0, Vm - 1)))
+        ptok = torch.where(t < kps[:, None], kpt.gather(1, t.clamp_max(K - 1).expand(n, W)),
+                           vpt.gather(1, (t - kps[:, None]).clamp(0, Vm - 1)))
+        # items: the candidates with the probe inserted at j when ins
         q = ar(P + 1).expand(n, -1)
         after = ins[:, None] & (q > j[:, None])
         is_probe = ins[:, None] & (q == j[:, None])
         src = (q - after.long()).clamp_max(P - 1)
         ks2 = torch.where(is_probe, kps[:, None], ks.gather(1, src))
-        vs2 = torch.where(is_probe, vps[:, None], vs.gather(1, src))
-        kt2 = torch.where(is_probe[..., None], kpt[:, None], kt.gather(1, src[..., None].expand(-1, -1, K)))
-        vt2 = torch.where(is_probe[..., None], vpt[:, None], vt.gather(1, src[..., None].expand(-1, -1, Vm)))
-        ids2 = torch.where(is_probe, pid[:, None], ids.gather(1, src))
-        ln2 = ks2 + vs2
-        start2 = ln2.cumsum(1) - ln2
+        ln2 = torch.where(is_probe, kvp[:, None], ln.gather(1, src))
+        tok = torch.where(is_probe[..., None], ptok[:, None], ctok.gather(1, src[..., None].expand(-1, -1, W)))
+        start2 = ln2.cumsum(1, dtype=torch.int32) - ln2
         valid = (start2 < bound[:, None]) & (q < P + ins.long()[:, None])
         ln2 = ln2 * valid
-        total = ln2.sum(1)
-        ids2 = torch.where(valid, ids2, -1 - q)                 # invalid items never match
-        sup = valid & (_first_occurrence(ids2) != q)
+        total = ln2.sum(1, dtype=torch.int32)
+        # supervised: valid items whose key was shown earlier (valid items are a prefix); the
+        # inserted probe item itself never is (its key was not shown before it)
+        sup = valid & ~is_probe & (seen.gather(1, src) | (is_pk.gather(1, src) & after))
         npad = L + 1 - (total + kvp)
-        # tokens of each item, key then value, and their positions
-        W = K + Vm
-        t = ar(W)
-        vidx = (t - ks2[..., None]).clamp(0, Vm - 1)
-        tok = torch.where(t < ks2[..., None], kt2.gather(2, t.clamp_max(K - 1).expand(n, P + 1, W)),
-                          vt2.gather(2, vidx))
         live = t < ln2[..., None]
-        is_val = live & (t >= ks2[..., None])
-        pos = npad[:, None, None] + start2[..., None] + t
-        out = torch.full((n, L + 1), pad, dtype=torch.long)
-        rows = ar(n)[:, None, None].expand(n, P + 1, W)
-        out[rows[live], pos[live]] = tok[live]
+        dump = L + 1                                   # an extra column takes the unused slots
+        pos = torch.where(live, (npad[:, None] + start2).long()[..., None] + t, dump)
+        out = torch.full((n, L + 2), pad, dtype=tok.dtype)
+        out.scatter_(1, pos.reshape(n, (P + 1) * W), tok.reshape(n, (P + 1) * W))
         # the final probe
-        tp = ar(W)
-        ptok = torch.where(tp < kps[:, None], kpt.gather(1, tp.clamp_max(K - 1).expand(n, W)),
-                           vpt.gather(1, (tp - kps[:, None]).clamp(0, Vm - 1)))
-        plive = tp < kvp[:, None]
-        ppos = (npad + total)[:, None] + tp
-        prow = ar(n)[:, None].expand(n, W)
-        out[prow[plive], ppos[plive]] = ptok[plive]
+        ppos = torch.where(t < kvp[:, None], (npad + total).long()[:, None] + t, dump)
+        out.scatter_(1, ppos, ptok)
+        out = out[:, :L + 1].long()
         if train:
-            return out[:, :-1], out[:, 1:].clone()
-        tgt = torch.full((n, L + 1), IGNORE, dtype=torch.long)
-        m = is_val & sup[..., None]
-        tgt[rows[m], pos[m]] = tok[m]
-        pm = plive & (tp >= kps[:, None])
-        tgt[prow[pm], ppos[pm]] = ptok[pm]
-        return out[:, :-1], tgt[:, 1:]
+            return out[:, :-1], out[:, 1:], short        # views of one buffer; generate copies them
+        tgt = torch.full((n, L + 2), IGNORE, dtype=tok.dtype)
+        vpos = torch.where((t >= ks2[..., None]) & sup[..., None], pos, dump)
+        tgt.scatter_(1, vpos.reshape(n, (P + 1) * W), tok.reshape(n, (P + 1) * W))
+        tgt.scatter_(1, torch.where(t >= kps[:, None], ppos, dump), ptok)
+        return out[:, :-1], tgt[:, 1:L + 1].long(), short
 
 
 # ----------------------------------------------------------------------------------------

@@ -12,7 +12,9 @@ key-value bigram can appear.
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -28,48 +30,142 @@ def np_generator(task: str, seed: int, split: str) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(seed_for(task, seed, split)))
 
 
+def chunk_generator(task: str, seed: int, split: str, chunk: int) -> np.random.Generator:
+    """The PCG64 stream of row chunk ``chunk`` of (task, seed, split): child ``chunk`` of the
+    split's seed sequence, so chunks are independent and can be generated in any order (or
+    concurrently) with the same result."""
+    ss = np.random.SeedSequence(seed_for(task, seed, split), spawn_key=(int(chunk),))
+    return np.random.Generator(np.random.PCG64(ss))
+
+
+def run_chunks(fn, n_chunks: int) -> None:
+    """Call ``fn(i)`` for every chunk index, on up to ``torch.get_num_threads()`` threads. The
+    numpy and torch work inside releases the GIL; results must not depend on the order."""
+    workers = min(n_chunks, max(1, torch.get_num_threads()))
+    if workers <= 1:
+        for i in range(n_chunks):
+            fn(i)
+        return
+    with ThreadPoolExecutor(workers) as pool:
+        for f in [pool.submit(fn, i) for i in range(n_chunks)]:
+            f.result()
+
+
 def small_int_dtype(hi: int):
     """The narrowest numpy integer type holding values below ``hi`` (draws are cheaper there)."""
     return np.int16 if hi <= (1 << 15) else (np.int32 if hi <= (1 << 31) else np.int64)
 
 
-def distinct_draws(n: int, k: int, lo: int, hi: int, rng: np.random.Generator) -> torch.Tensor:
-    """(n, k) int64, each row k distinct integers uniform over [lo, hi), in uniform order.
+def random_bits(rng: np.random.Generator, shape, bits: int) -> np.ndarray:
+    """Uniform integers in [0, 2**bits) (bits <= 32), straight from the bit generator's raw
+    64-bit output (several times cheaper than ``rng.integers``); uint16 for bits <= 16."""
+    if not 0 <= bits <= 32:
+        raise ValueError(f"bits={bits} not in [0, 32]")
+    m = int(np.prod(shape))
+    dt, per = (np.uint16, 4) if bits <= 16 else (np.uint32, 2)
+    raw = rng.bit_generator.random_raw(-(-m // per)).view(dt)[:m].reshape(shape)
+    if bits < 8 * raw.itemsize:
+        raw &= dt((1 << bits) - 1)
+    return raw
 
-    Small pools: argsort of uniforms. Large pools: draw rows with replacement and redraw
-    every row that holds a repeat; a row kept is uniform over ordered k-tuples of distinct
-    values (rejection sampling), and more than a third of the rows are kept per round
-    whenever k*k <= 2*pool.
+
+def uniform_ints(rng: np.random.Generator, lo: int, hi: int, shape) -> np.ndarray:
+    """Uniform integers in [lo, hi): masked raw bits when hi - lo is a power of two (as a
+    small unsigned type; add ``lo`` when writing), else ``rng.integers`` in a small type."""
+    r = hi - lo
+    if r & (r - 1) == 0 and r <= (1 << 32):
+        x = random_bits(rng, shape, r.bit_length() - 1)
+        return x if lo == 0 else x.astype(small_int_dtype(hi)) + lo
+    return rng.integers(lo, hi, shape, dtype=small_int_dtype(hi))
+
+
+def distinct_rows(rng: np.random.Generator, n: int, k: int, lo: int, hi: int) -> np.ndarray:
+    """(n, k) int64 numpy array, each row k distinct integers uniform over [lo, hi), in uniform order
+    (a uniform ordered k-tuple of distinct values, as sequential draws without replacement).
+
+    Sparse case (2k <= pool): every position draws raw bits below the next power of two, and
+    a position whose value is out of range or repeats an *earlier* position of its row is
+    redrawn, round after round. A position's value then depends only on the positions before
+    it, and is its first draw outside their final values: exactly sequential sampling without
+    replacement. Repeats are found by sorting (value, position) packed in one integer.
+    Dense case: argsort of uniforms, the first k.
     """
     pool = hi - lo
     if k > pool:
         raise ValueError(f"cannot draw {k} distinct values from {pool}")
-    if k * k > 2 * pool:
+    if 2 * k > pool:
         out = np.empty((n, k), dtype=np.int64)
-        step = max(1, (1 << 22) // pool)
+        step = max(1, (1 << 20) // pool)
         for s in range(0, n, step):
             e = min(n, s + step)
             out[s:e] = rng.random((e - s, pool), dtype=np.float32).argsort(axis=1)[:, :k]
-        return torch.from_numpy(out + lo)
-    dt = small_int_dtype(hi)
-    out = np.empty((n, k), dtype=dt)
-    todo = np.arange(n)
-    while todo.size:
-        x = rng.integers(lo, hi, (todo.size, k), dtype=dt)
-        srt = np.sort(x, axis=1, kind="stable")       # radix sort for 16-bit values
-        ok = ~(srt[:, 1:] == srt[:, :-1]).any(axis=1)
-        out[todo[ok]] = x[ok]
-        todo = todo[~ok]
-    return torch.from_numpy(out).long()
+        return out + lo
+    b = max(1, (pool - 1).bit_length())
+    sh = max(1, (k - 1).bit_length())
+    # one integer per position: value bits above position bits; sorting a row groups equal
+    # values, first occurrence (lowest position) first
+    dt, udt = (np.int32, np.uint32) if b + sh <= 31 else (np.int64, np.uint64)
+    per = 2 if dt is np.int32 else 1
+    pk = rng.bit_generator.random_raw(-(-n * k // per)).view(udt)[:n * k].view(dt).reshape(n, k)
+    pk &= dt(((1 << b) - 1) << sh)
+    pk |= np.arange(k, dtype=dt)
+    low, one, lim = dt((1 << sh) - 1), dt(1 << sh), dt(pool << sh)
+    sub, rows = pk, None
+    while True:
+        sub.sort(axis=1)
+        bad = sub >= lim if pool < (1 << b) else np.zeros(sub.shape, dtype=bool)
+        bad[:, 1:] |= (sub[:, 1:] ^ sub[:, :-1]) < one
+        r, j = np.nonzero(bad)
+        if r.size == 0:
+            break
+        sub[r, j] = (random_bits(rng, r.size, b).astype(dt) << dt(sh)) | (sub[r, j] & low)
+        ur = np.unique(r)
+        if rows is not None:
+            pk[rows] = sub
+        rows = ur if rows is None else rows[ur]
+        sub = sub[ur]
+    if rows is not None:
+        pk[rows] = sub
+    # back to position order
+    pos = torch.from_numpy(pk & low).long()
+    val = torch.from_numpy(pk >> dt(sh)).long().add_(lo)
+    return torch.empty((n, k), dtype=torch.long).scatter_(1, pos, val).numpy()
+
+
+def distinct_draws(n: int, k: int, lo: int, hi: int, rng: np.random.Generator) -> torch.Tensor:
+    """(n, k) int64 tensor of :func:`distinct_rows`."""
+    return torch.from_numpy(distinct_rows(rng, n, k, lo, hi))
+
+
+def race_weights(p: np.ndarray) -> np.ndarray:
+    """float32 inverse weights max(p)/p of slot probabilities p (the exponential race scale)."""
+    p = np.asarray(p, dtype=np.float64)
+    return (p.max() / p).astype(np.float32)
+
+
+def race_slots(inv_w: np.ndarray, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """(n, k) slot indices drawn without replacement with probabilities ∝ 1/inv_w, in draw
+    order: the first k arrivals of an exponential race (arrival E/p, E ~ Exp(1)), the same law
+    as numpy's sequential weighted choice without replacement. Arrival times are positive
+    float32, whose bit patterns sort like the values: they are packed with the slot index into
+    one int64 and sorted (SIMD integer sort), ties broken by index."""
+    S = inv_w.size
+    e = rng.standard_exponential((n, S), dtype=np.float32)
+    e *= inv_w
+    sh = max(1, (S - 1).bit_length())
+    pk = e.view(np.int32).astype(np.int64)
+    pk <<= sh
+    pk |= np.arange(S, dtype=np.int64)
+    if k < S:
+        pk = np.partition(pk, k - 1, axis=1)[:, :k]
+    pk.sort(axis=1)
+    return pk & ((1 << sh) - 1)
 
 
 def weighted_slots(logp: torch.Tensor, n: int, k: int, rng: np.random.Generator) -> torch.Tensor:
-    """(n, k) slot indices drawn without replacement with probabilities exp(logp), in draw
-    order: Gumbel top-k (the first k arrivals of an exponential race), the same law as
-    numpy's sequential weighted choice without replacement."""
-    e = torch.from_numpy(rng.standard_exponential((n, logp.numel()), dtype=np.float32))
-    score = torch.log_(e).neg_().add_(logp.float())
-    return score.topk(k, dim=1).indices
+    """(n, k) int64 tensor of :func:`race_slots` with probabilities exp(logp)."""
+    p = np.exp(logp.double().numpy() - float(logp.max()))
+    return torch.from_numpy(race_slots(race_weights(p), n, k, rng))
 
 
 @register_task("mqar")
@@ -85,7 +181,9 @@ class MQAR(Task):
     noise_vocab: int = knob(16, lo=1, hi=1 << 16, help="size of the noise vocabulary when filler=noise")
 
     suite = "mqar"
-    version = 2   # 2: numpy PCG64 draws (same law, different samples per seed than v1)
+    # 2: numpy PCG64 draws (same law, different samples per seed than v1)
+    # 3: per-chunk streams, raw-bit draws with per-position redraws (same law, new samples)
+    version = 3
     kind = "classification"
     backbone = "lm"
     metrics = (Metric("accuracy", True), Metric("token_accuracy", True))
@@ -119,33 +217,46 @@ class MQAR(Task):
             raise UsageError(f"mqar: kv={self.kv} exceeds the {min(mid - lo, top - mid)} "
                              f"distinct keys available at V={self.V}; allowed: kv <= {min(mid - lo, top - mid)}")
 
+    chunk_tokens: ClassVar[int] = 1 << 19    # rows are generated in chunks of about this many tokens
+
     def generate(self, split: str, n: int, seed: int, device="cpu") -> Batch:
-        rng = np_generator(self.name, seed, split)
+        """Rows are generated in fixed-size chunks, each from its own stream
+        (:func:`chunk_generator`), on up to ``torch.get_num_threads()`` threads, written
+        straight into the int64 / bool outputs."""
         lo, mid, top = self._key_value_range()
-        kv, L = self.kv, self.L
-        keys = distinct_draws(n, kv, lo, mid, rng)
-        values = distinct_draws(n, kv, mid, top, rng)
-        ctx_len = 2 * kv * self.num_passes
-        space = (L - ctx_len) // 2
+        kv, L, P = self.kv, self.L, self.num_passes
+        ctx = 2 * kv * P
+        space = (L - ctx) // 2
         a = self.power_a
-        logp = torch.log(a * torch.arange(1, space + 1, dtype=torch.float64) ** (a - 1))
-        slots = weighted_slots(logp, n, kv, rng)                # i-th key -> i-th drawn slot
-        pos = ctx_len + 2 * slots
+        inv_w = race_weights(a * np.arange(1, space + 1, dtype=np.float64) ** (a - 1))
+        flo = 0 if self.filler == "vocab" else top
         inputs = torch.empty(n, L, dtype=torch.long)
-        for p in range(self.num_passes):
-            inputs[:, 2 * kv * p:2 * kv * (p + 1):2] = keys
-            inputs[:, 2 * kv * p + 1:2 * kv * (p + 1):2] = values
-        if self.filler == "zero":
-            inputs[:, ctx_len:] = 0
-        else:   # draw only the query region, in a narrow type, then widen in place
-            flo = 0 if self.filler == "vocab" else top
-            inputs[:, ctx_len:] = torch.from_numpy(
-                rng.integers(flo, self.V, (n, L - ctx_len), dtype=small_int_dtype(self.V)))
-        inputs.scatter_(1, pos, keys)
-        targets = torch.full((n, L), IGNORE, dtype=torch.long)
-        targets.scatter_(1, pos, values)
-        mask = torch.zeros(n, L, dtype=torch.bool)
-        mask.scatter_(1, pos, True)
+        targets = torch.empty(n, L, dtype=torch.long)
+        mask = torch.empty(n, L, dtype=torch.bool)
+        xi = inputs.numpy()
+        step = max(1, self.chunk_tokens // L)
+
+        def chunk(i: int) -> None:
+            rng = chunk_generator(self.name, seed, split, i)
+            s, e = i * step, min(n, (i + 1) * step)
+            c = e - s
+            keys = distinct_rows(rng, c, kv, lo, mid)
+            values = distinct_rows(rng, c, kv, mid, top)
+            slots = race_slots(inv_w, c, kv, rng)          # i-th key -> i-th drawn slot
+            pos = torch.from_numpy(slots).mul_(2).add_(ctx)
+            x = xi[s:e]
+            for p in range(P):
+                x[:, 2 * kv * p:2 * kv * (p + 1):2] = keys
+                x[:, 2 * kv * p + 1:2 * kv * (p + 1):2] = values
+            if self.filler == "zero":
+                x[:, ctx:] = 0
+            else:
+                x[:, ctx:] = uniform_ints(rng, flo, self.V, (c, L - ctx))
+            inputs[s:e].scatter_(1, pos, torch.from_numpy(keys))
+            targets[s:e].fill_(IGNORE).scatter_(1, pos, torch.from_numpy(values))
+            mask[s:e].fill_(False).scatter_(1, pos, True)
+
+        run_chunks(chunk, -(-n // step))
         slices = {"num_kv_pairs": torch.full((n,), kv, dtype=torch.long),
                   "seq_len": torch.full((n,), L, dtype=torch.long)}
         return Batch(inputs, targets, mask, slices).to(device)
