@@ -160,14 +160,14 @@ def main(args) -> int:
     device = "cuda" if gpu else "cpu"
     quick = args.quick or not gpu
     shape, tiny = ("quick", "quick") if quick else ("mqar", "tiny")
-    steps, warmup = (20, 10) if quick else (300, 30)
+    steps, warmup = (20, 10) if quick else (int(os.environ.get("MIXZOO_BENCH_STEPS", 300)), 30)
     modes = ["off"] if quick else ["off", "reduce-overhead"]
-    mixers = ["softmax"] if quick else ["softmax", "gla"]
+    mixers = ["softmax"] if quick else os.environ.get("MIXZOO_BENCH_MIXERS", "softmax,gla").split(",")
     rows = []
     print(f"device: {torch.cuda.get_device_name(0) if gpu else 'cpu'}  torch {torch.__version__}"
           f"{'  (CPU: quick shapes only)' if not gpu else ''}", flush=True)
     for mixer in mixers:
-        for mode in modes:
+        for mode in (modes if mixer == mixers[0] else ["off"]):
             p = plain_loop(shape, mixer, device, steps, warmup, mode)
             t = trainer_rate(shape, mixer, device, steps, warmup, mode)
             rows.append(dict(shape=shape, mixer=mixer, compile=mode, plain=p, mixzoo=t))

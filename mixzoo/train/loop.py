@@ -154,6 +154,12 @@ def train(task: Task, mixer: str, knobs: dict[str, Any] | None = None,
             self.loss_n += 1
             return loss
 
+        def on_before_optimizer_step(self, optimizer):
+            # our own clipping: Lightning refuses to clip for fused optimizers under AMP;
+            # bf16 autocast has no grad scaler, so the gradients here are already unscaled
+            if cfg.grad_clip:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip, foreach=True)
+
         def configure_optimizers(self):
             opt = torch.optim.AdamW(param_groups(self.model, cfg.weight_decay), lr=cfg.lr,
                                     betas=(0.9, 0.98), fused=dev.type == "cuda")
@@ -205,8 +211,7 @@ def train(task: Task, mixer: str, knobs: dict[str, Any] | None = None,
 
     trainer = pl.Trainer(accelerator="gpu" if dev.type == "cuda" else "cpu", devices=1,
                          max_steps=cfg.steps, max_epochs=1, precision=precision,
-                         barebones=True, callbacks=[Evaluator()],
-                         gradient_clip_val=cfg.grad_clip or None)
+                         barebones=True, callbacks=[Evaluator()])
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     try:
@@ -214,6 +219,7 @@ def train(task: Task, mixer: str, knobs: dict[str, Any] | None = None,
     except Diverged as e:
         res.state, res.reason = "FAIL", str(e)
     t_end = time.perf_counter()
+    model.to(dev)            # Lightning's teardown moves the module back to the CPU
     res.steps = trainer.global_step
     train_time = (t_end - state["t0"] - state["eval_time"]) if state["t0"] else 0.0
     res.train_time_s = train_time
