@@ -70,3 +70,52 @@ def test_fuzzy_recall_extension_path_keeps_the_law(split):
     small = ext.generate(split, 64, 0)
     assert small.inputs.shape == (64, 128) and small.mask.any(1).all()
     assert ((small.inputs >= 0) & (small.inputs <= pad)).all()
+
+
+@pytest.mark.parametrize("knobs", [dict(V=100, L=64, kv=4), dict(V=90, L=64, kv=4, filler="noise", noise_vocab=10),
+                                   dict(V=70000, L=128, kv=16)])
+def test_mqar_non_power_of_two_ranges(knobs):
+    t = tasks()["mqar"](**knobs)
+    b = t.generate("train", 300, 0)
+    lo, mid, top = t._key_value_range()
+    kv = t.kv
+    keys, vals = b.inputs[:, 0:2 * kv:2], b.inputs[:, 1:2 * kv:2]
+    assert ((keys >= lo) & (keys < mid)).all() and ((vals >= mid) & (vals < top)).all()
+    assert all(len(set(r)) == kv for r in keys.tolist()) and all(len(set(r)) == kv for r in vals.tolist())
+    filler = b.inputs[:, 2 * kv:][~b.mask[:, 2 * kv:]]
+    flo = top if t.filler == "noise" else 0
+    assert ((filler >= flo) & (filler < t.V)).all()
+    if t.V - flo <= 128:                                                 # the whole range is reached
+        assert int(filler.max()) == t.V - 1 and int(filler.min()) == flo
+    q = b.inputs[b.mask].reshape(-1, kv)
+    assert torch.equal(q.sort(1).values, keys.sort(1).values), "every key is queried once"
+
+
+def test_fuzzy_recall_extension_path_rows_are_well_formed():
+    t = tasks()["mad-fuzzy-recall"](V=16, L=128)
+    t.cand_sigmas = -3.0
+    b = t.generate("test", 64, 0)
+    nk, pad = 7, 15
+    full = torch.cat([b.inputs, b.targets[:, -1:]], dim=1)
+    for i in range(64):
+        toks = [v for v in full[i].tolist() if v != pad]
+        assert full[i, :128 + 1 - len(toks)].eq(pad).all(), "left padding only"
+        runs, cur = [], []
+        for v in toks:
+            if cur and (v < nk) != (cur[-1] < nk):
+                runs.append(cur)
+                cur = []
+            cur.append(v)
+        runs.append(cur)
+        seen = {}
+        for k, v in zip(runs[0::2], runs[1::2]):
+            assert len(k) == 3 and len(set(k)) == 3 and 1 <= len(v) <= 3
+            assert seen.setdefault(tuple(k), v) == v, "a key keeps its value"
+        assert tuple(runs[-2]) in seen or len(runs) == 2, "the final probe repeats a shown key"
+
+
+@pytest.mark.parametrize("n,k,lo,hi", [(20, 5000, 3, (1 << 19) + 3), (50, 40, 0, 60), (30, 1, 2, 3)])
+def test_distinct_rows_wide_packing_and_dense_paths(n, k, lo, hi):
+    x = distinct_rows(np.random.default_rng(2), n, k, lo, hi)       # int64 packing / argsort / k=1
+    assert x.shape == (n, k) and ((x >= lo) & (x < hi)).all()
+    assert all(len(set(r)) == k for r in x.tolist())
