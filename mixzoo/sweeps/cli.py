@@ -36,7 +36,9 @@ def configure(name: str, p) -> None:
                                      "default a journal file under the results dir)")
     p.add_argument("--trials", type=int, help="Optuna trials per (mechanism, setting), overriding the spec")
     p.add_argument("--seeds", type=int, help="final seeds of the best configuration (default: the spec's, 3)")
-    p.add_argument("--workers", type=int, default=1, help="worker processes on this host (default 1: in this process)")
+    p.add_argument("--workers", default="1",
+                   help="worker processes on this host (default 1: in this process); 'auto': GPUs x the packing "
+                        "the run size calls for (several small runs per GPU), 1 without a GPU")
 
 
 def argparse_suppress():
@@ -50,8 +52,13 @@ def _csv(v: str | None) -> list[str] | None:
 
 def main(args) -> int:
     from . import run as runner
-    if args.workers is not None and args.workers < 1:
-        raise UsageError(f"--workers {args.workers} is not allowed; allowed: an integer >= 1")
+    if str(args.workers) != "auto":
+        try:
+            args.workers = int(args.workers)
+        except ValueError:
+            raise UsageError(f"--workers {args.workers!r} is not allowed; allowed: an integer >= 1 or 'auto'") from None
+        if args.workers < 1:
+            raise UsageError(f"--workers {args.workers} is not allowed; allowed: an integer >= 1 or 'auto'")
     for k in ("trials", "seeds"):
         v = getattr(args, k)
         if v is not None and v < 1:

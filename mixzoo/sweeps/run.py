@@ -120,7 +120,23 @@ def _gpu_env(device: str | None, index: int) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": str(index % n)} if n > 1 else {}
 
 
+def _auto_workers(args, spec: Spec) -> int:
+    from ..registry import get_task
+    from ..train.packing import auto_workers
+    n = 0
+    if args.device in (None, "auto", "cuda") or str(args.device).startswith("cuda"):
+        try:
+            import torch
+            n = torch.cuda.device_count()
+        except Exception:
+            n = 0
+    sizes = [(u.fixed, get_task(u.task).from_knobs(u.knobs, u.task_preset).seq_len) for u in spec.units]
+    return auto_workers(sizes, n)
+
+
 def coordinate(args, spec: Spec, storage: str | None, spec_arg: str) -> int:
+    if args.workers == "auto":
+        args.workers = _auto_workers(args, spec)
     url = resolve(storage, args.results)
     check_parallel(url, args.workers)
     ctx = _context(args, url, spec)
