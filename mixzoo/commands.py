@@ -78,8 +78,9 @@ def run(args) -> int:
     return 0 if all(r["state"] == "COMPLETE" for r in rows) else 1
 
 
-DEMO_HP = dict(steps=600, batch_size=32, lr=3e-3, weight_decay=0.1, eval_every=100,
-               d_model=64, num_heads=4, n_layers=2, n_train=4000, n_val=256, n_test=512)
+# Based recipe (a short-convolution layer, then two mixer layers), fresh examples every step.
+DEMO_HP = dict(steps=400, batch_size=64, lr=1e-2, weight_decay=0.1, warmup_frac=0.02, eval_every=50,
+               d_model=64, num_heads=4, n_layers=2, n_val=256, n_test=512)
 
 
 def demo(args) -> int:
@@ -91,12 +92,13 @@ def demo(args) -> int:
     hp = dict(DEMO_HP)
     if args.steps is not None:
         hp["steps"] = args.steps
+    hp["n_train"] = hp["steps"] * hp["batch_size"]
     t0 = time.time()
-    print(f"mixzoo demo: MQAR (preset 'demo': vocab 64, length 64, 4 key-value pairs), "
-          f"{hp['steps']} steps each, softmax and LLA, d_model {hp['d_model']}, "
-          f"{hp['n_layers']} layers", flush=True)
+    print(f"mixzoo demo: MQAR (preset 'demo': vocab 32, length 32, 4 key-value pairs), softmax attention "
+          f"and Local Linear Attention, {hp['steps']} steps each at batch {hp['batch_size']}, d_model "
+          f"{hp['d_model']}, {hp['n_layers']} mixer layers after a short convolution (Based recipe)", flush=True)
     for model in ("softmax", "lla"):
-        api_run("mqar", model, preset="demo", hparams=hp, seeds=[0], results=args.results,
+        api_run("mqar", model, preset="demo", hparams=hp, recipe="based", seeds=[0], results=args.results,
                 device=args.device, command=command_line(), log=_log)
     table = read_table(args.results)
     print()

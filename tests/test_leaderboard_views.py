@@ -156,7 +156,7 @@ def test_filters(real):
     assert {r["model"] for r in filter_rows(real, models=["lla"])} == {"lla"}
     assert filter_rows(real, suite="mad") == [] and len(filter_rows(real, task="mqar")) == len(real)
     v = best_view(filter_rows(real, where={"kv": "4"}))
-    assert len(v.records) == 2 and {r["setting"] for r in v.records} == {"default"}
+    assert len(v.records) == 2 and {r["setting"] for r in v.records} == {"L=16, V=16, filler=vocab"}
 
 
 def test_old_rows_without_knob_columns_filter_by_knobs_json(full):

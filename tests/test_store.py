@@ -11,7 +11,7 @@ from mixzoo.leaderboard.schema import schema_for
 
 def _row(**over):
     r = {name: None for name in CORE.names}
-    r.update(schema_version=1, run_id="abc-s0", created_at=dt.datetime(2026, 1, 2, tzinfo=dt.timezone.utc),
+    r.update(schema_version=1, run_id="abc-s0", created_at=dt.datetime(2026, 1, 2, tzinfo=dt.UTC),
              suite="mqar", task="mqar", task_version=1, model="lla", backend="torch", seed=0,
              metric_name="accuracy", metric_value=0.75, higher_is_better=True, val_metric_value=0.7,
              state="COMPLETE", knobs_json=json.dumps({"V": 64}), hparams_json="{}", steps=10,

@@ -219,7 +219,9 @@ def varying_knobs(bests: Iterable[Best]) -> dict[str, list[str]]:
 
 
 def setting_label(knobs: dict, keys: list[str]) -> str:
-    return ", ".join(f"{k}={knobs.get(k)}" for k in keys) or "default"
+    """The knobs that tell a task's settings apart; with one setting, its first three knobs."""
+    keys = keys or list(knobs)[:3]
+    return ", ".join(f"{k}={knobs.get(k)}" for k in keys) or "-"
 
 
 def task_scores(bests: Iterable[Best]) -> dict[tuple[str, str], dict]:

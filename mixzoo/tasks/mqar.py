@@ -208,7 +208,7 @@ class MQAR(Task):
     metrics = (Metric("accuracy", True), Metric("token_accuracy", True))
     default_sizes = {"train": 100_000, "val": 1_000, "test": 3_000}
     presets = {
-        "demo": dict(V=64, L=64, kv=4),
+        "demo": dict(V=32, L=32, kv=4),         # CPU-sized: small enough for `mixzoo demo` on 2 cores
         "zoology-basic": dict(V=256, L=64, kv=4),
         "zoology-64": dict(V=8192, L=64, kv=4, filler="zero"),
         "zoology-128": dict(V=8192, L=128, kv=8, filler="zero"),
