@@ -64,7 +64,7 @@ def test_run_writes_rows_and_show_prints_them(tmp_path, capsys):
     assert sorted(r["seed"] for r in t) == [0, 1]
     r = t[0]
     assert r["task"] == "mqar" and r["model"] == "softmax" and r["backend"] == "sdpa"
-    assert r["knob_L"] == 64 and r["knob_kv"] == 4 and r["steps"] == 6 and 0 <= r["metric_value"] <= 1
+    assert r["knob_L"] == 32 and r["knob_kv"] == 4 and r["steps"] == 6 and 0 <= r["metric_value"] <= 1
     assert r["command"].startswith("mixzoo ") and r["params"] > 0 and r["torch"]
     capsys.readouterr()
     assert main(["--results", str(res), "leaderboard", "show"]) == 0
