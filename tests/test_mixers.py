@@ -155,3 +155,18 @@ def test_mamba_negative_option_gives_signed_transitions():
     signed = torch.where(neg, -mag.exp(), mag.exp())
     torch.testing.assert_close(signed, 2 * log_a.exp() - 1, atol=1e-5, rtol=0)
     assert neg.tolist() == [True, False, False]
+
+
+def test_mesa_core_decayed_prefix_matches_the_quadratic_form():
+    from mixzoo.models.mesa import mesa_core
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 150, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    T = q.shape[-2]
+    i = torch.arange(T, dtype=q.dtype)
+    lag = i[:, None] - i[None, :]
+    for decay in (1.0, 0.99, 0.9):
+        w = torch.where(lag >= 0, decay ** lag.clamp_min(0), torch.zeros_like(lag))
+        hkk = torch.einsum("ij,...jd,...je->...ide", w, k, k) + 0.1 * torch.eye(8, dtype=q.dtype)
+        hvk = torch.einsum("ij,...jd,...je->...ide", w, v, k)
+        ref = (hvk @ torch.linalg.solve(hkk, q.unsqueeze(-1))).squeeze(-1)
+        assert torch.allclose(mesa_core(q, k, v, ridge=0.1, decay=decay), ref, atol=1e-10)

@@ -23,19 +23,32 @@ from ._scan import decayed_prefix_sums
 from .common import split_heads
 
 
+def _decayed_prefix(x: torch.Tensor, decay: float, chunk: int = 64) -> torch.Tensor:
+    """h_i = Σ_{j<=i} decay^{i-j} x_j along dim -3 of (..., T, A, B), in O(T) chunks."""
+    if decay == 1.0:
+        return x.cumsum(-3)
+    if not 0.0 < decay < 1.0:
+        raise ValueError(f"decay={decay}; allowed: 0 < decay <= 1")
+    T = x.shape[-3]
+    out = torch.empty_like(x)
+    carry = None
+    for s in range(0, T, chunk):
+        e = min(T, s + chunk)
+        p = decay ** torch.arange(e - s, device=x.device, dtype=x.dtype)[:, None, None]   # decay^t
+        h = (x[..., s:e, :, :] / p).cumsum(-3) * p
+        if carry is not None:
+            h = h + carry.unsqueeze(-3) * (p * decay)
+        out[..., s:e, :, :] = h
+        carry = h[..., -1, :, :]
+    return out
+
+
 def mesa_core(q, k, v, *, ridge: float = 1.0, decay: float = 1.0):
     """Global ridge least squares over the prefix on (..., T, D) inputs, causal:
     o_i = (Σ_{j<=i} γ^{i-j} v_j k_jᵀ)(Σ_{j<=i} γ^{i-j} k_j k_jᵀ + λI)^{-1} q_i."""
-    T, K = q.shape[-2:]
-    if decay == 1.0:
-        hkk = (k.unsqueeze(-1) * k.unsqueeze(-2)).cumsum(-3)                 # (..., T, K, K)
-        hvk = (v.unsqueeze(-1) * k.unsqueeze(-2)).cumsum(-3)                 # (..., T, V, K)
-    else:
-        i = torch.arange(T, device=q.device, dtype=q.dtype)
-        lag = i[:, None] - i[None, :]
-        w = torch.where(lag >= 0, decay ** lag.clamp_min(0), torch.zeros_like(lag))
-        hkk = torch.einsum("ij,...jd,...je->...ide", w, k, k)
-        hvk = torch.einsum("ij,...jd,...je->...ide", w, v, k)
+    K = q.shape[-1]
+    hkk = _decayed_prefix(k.unsqueeze(-1) * k.unsqueeze(-2), decay)          # (..., T, K, K)
+    hvk = _decayed_prefix(v.unsqueeze(-1) * k.unsqueeze(-2), decay)          # (..., T, V, K)
     eye = torch.eye(K, dtype=q.dtype, device=q.device)
     x = torch.linalg.solve(hkk + ridge * eye, q.unsqueeze(-1))
     return (hvk @ x).squeeze(-1)
