@@ -31,7 +31,7 @@ def _fast_lla():
     return triton_lla.lla
 
 
-@register_mixer("lla", core=lla_core, core_grid={"ridge": [1e-4, 1e-3, 1e-2, 1e-1, 1.0], "scale": [2.0, 8.0, 32.0]},
+@register_mixer("lla", core=lla_core, core_grid={"ridge": [1e-5, 1e-4, 1e-3, 1e-2, 1e-1], "scale": [8.0, 32.0, 128.0]},
                 search_space={
     "lr": ("log", 1e-4, 3e-2),
     "weight_decay": ("cat", [0.0, 0.1]),

@@ -14,7 +14,7 @@ def softmax_core(q, k, v, *, scale=None):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
 
 
-@register_mixer("softmax", core=softmax_core, core_grid={"scale": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]}, search_space={
+@register_mixer("softmax", core=softmax_core, core_grid={"scale": [2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0]}, search_space={
     "lr": ("log", 1e-4, 3e-2),
     "weight_decay": ("cat", [0.0, 0.1]),
 })
