@@ -57,3 +57,23 @@ def studies(storage) -> dict[str, list]:
 def rows(results: Path) -> list[dict]:
     from mixzoo.leaderboard import read_table
     return read_table(results).to_pylist()
+
+
+def test_a_raising_trial_is_recorded_failed_with_a_one_line_reason():
+    from types import SimpleNamespace
+
+    import optuna
+
+    from mixzoo.sweeps.engine import _record_failure
+    storage = optuna.storages.InMemoryStorage()
+    study = optuna.create_study(storage=storage, study_name="s")
+    trial = study.ask()
+    logs, screen = [], []
+    ctx = SimpleNamespace(storage=storage, trainer_log=logs.append, log=screen.append)
+    try:
+        raise RuntimeError("kernel exploded\nsecond line")
+    except RuntimeError as e:
+        _record_failure(ctx, storage.get_trial(trial._trial_id), "t0", e)
+    t = storage.get_trial(trial._trial_id)
+    assert t.state.name == "FAIL" and t.user_attrs["reason"] == "RuntimeError: kernel exploded"
+    assert screen == ["t0: FAIL (RuntimeError: kernel exploded)"] and "Traceback" in logs[0]

@@ -19,6 +19,7 @@ from .views import (
     MAD_TASKS,
     PROTOCOL,
     View,
+    _numeric,
     as_rows,
     best_configs,
     best_view,
@@ -50,14 +51,6 @@ details summary{cursor:pointer;color:#0b5394}.scroll{overflow-x:auto}
 
 def _e(s) -> str:
     return html.escape("" if s is None else str(s))
-
-
-def _numeric(s: str) -> bool:
-    try:
-        float(s.split(" ")[0])
-        return True
-    except ValueError:
-        return False
 
 
 def table_html(v: View, extra: list[tuple[str, str]] | None = None) -> str:

@@ -245,6 +245,14 @@ def heartbeat(storage, trial_id: int, interval: float = HEARTBEAT_S):
         th.join(timeout=5)
 
 
+def _record_failure(ctx, frozen, tag: str, e: Exception) -> None:
+    """Mark a claimed trial FAIL with a one-line reason; the traceback goes to the worker log."""
+    ctx.trainer_log(traceback.format_exc())
+    why = f"{type(e).__name__}: {e}".splitlines()[0][:300]
+    _finish(ctx.storage, frozen._trial_id, _states().FAIL, reason=why)
+    ctx.log(f"{tag}: FAIL ({why})")
+
+
 def _finish(storage, trial_id: int, state, value: float | None = None, reason: str | None = None) -> bool:
     from optuna.exceptions import UpdateFinishedTrialError
     try:
@@ -450,10 +458,7 @@ def run_search_trial(ctx: Context, u: Unit, frozen) -> None:
             ctx.log(f"{tag}: PRUNED ({e})")
             return
         except Exception as e:
-            ctx.trainer_log(traceback.format_exc())
-            why = f"{type(e).__name__}: {e}".splitlines()[0][:300]
-            _finish(ctx.storage, frozen._trial_id, TS.FAIL, reason=why)
-            ctx.log(f"{tag}: FAIL ({why})")
+            _record_failure(ctx, frozen, tag, e)
             return
     if row["state"] == "COMPLETE" and row["val_metric_value"] is not None:
         v = float(row["val_metric_value"])
@@ -539,10 +544,7 @@ def run_final(ctx: Context, u: Unit, fid: int, frozen) -> None:
                            seeds=(seed,), results=None, device=ctx.device, study=u.study, trial=best,
                            command=ctx.command, log=ctx.trainer_log)
         except Exception as e:
-            ctx.trainer_log(traceback.format_exc())
-            why = f"{type(e).__name__}: {e}".splitlines()[0][:300]
-            _finish(ctx.storage, frozen._trial_id, TS.FAIL, reason=why)
-            ctx.log(f"{tag}: FAIL ({why})")
+            _record_failure(ctx, frozen, tag, e)
             return
         row = rows[0]
         now = ctx.storage.get_trial(frozen._trial_id)
