@@ -84,6 +84,30 @@ def test_chunked_scans_match_step_recurrences(chunk):
                                gated_delta_recurrent(q, k, v, g, beta), atol=1e-4, rtol=1e-4)
 
 
+def test_gated_delta_solve_modes_agree_with_gradients():
+    """The matmul-product inverse of the chunk's triangular system equals the triangular solve,
+    values and gradients (float64, β up to 2 so the transition has negative eigenvalues)."""
+    from mixzoo.models._scan import gated_delta_chunk, unit_lower_inverse
+    g0 = torch.Generator().manual_seed(1)
+    A = torch.randn(3, 32, 32, generator=g0, dtype=torch.float64).tril(-1)
+    eye = torch.eye(32, dtype=torch.float64)
+    torch.testing.assert_close(unit_lower_inverse(A) @ (eye + A), eye.expand(3, -1, -1), atol=1e-8, rtol=0)
+    B, H, T, K, V = 1, 2, 45, 8, 5
+    q, k = torch.randn(B, H, T, K, generator=g0, dtype=torch.float64), torch.randn(B, H, T, K, generator=g0, dtype=torch.float64)
+    k = torch.nn.functional.normalize(k, dim=-1)
+    v = torch.randn(B, H, T, V, generator=g0, dtype=torch.float64)
+    g = -torch.rand(B, H, T, generator=g0, dtype=torch.float64) * 0.5
+    beta = 2 * torch.rand(B, H, T, generator=g0, dtype=torch.float64)
+    outs = []
+    for solve in ("product", "triangular"):
+        xs = [t.clone().requires_grad_() for t in (q, k, v, g, beta)]
+        o = gated_delta_chunk(*xs, chunk=16, solve=solve)
+        o.pow(2).sum().backward()
+        outs.append([o.detach()] + [x.grad for x in xs])
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-9)
+
+
 def test_gated_delta_chunk_matches_fla_reference():
     from mixzoo.models._fla import naive
     from mixzoo.models._scan import gated_delta_chunk
