@@ -166,6 +166,11 @@ def main(args) -> int:
     rows = []
     print(f"device: {torch.cuda.get_device_name(0) if gpu else 'cpu'}  torch {torch.__version__}"
           f"{'  (CPU: quick shapes only)' if not gpu else ''}", flush=True)
+    # packing first: it needs no autotuning, so it is measured even when a later mechanism runs long
+    procs = 2 if quick else 4
+    single = packed_rate(tiny, "softmax", device, steps, warmup, 1)
+    packed = packed_rate(tiny, "softmax", device, steps, warmup, procs)
+    print(f"  packing ({tiny}, softmax): 1 process {single:.1f} steps/s, {procs} processes {packed:.1f}", flush=True)
     for mixer in mixers:
         for mode in modes:
             try:
@@ -177,9 +182,6 @@ def main(args) -> int:
             rows.append(dict(shape=shape, mixer=mixer, compile=mode, plain=p, mixzoo=t))
             print(f"  {shape:<6} {mixer:<8} compile={mode:<16} plain {p:8.1f} steps/s  mixzoo {t:8.1f} steps/s", flush=True)
     base = next((r["plain"] for r in rows if r["compile"] == "off"), float("nan"))
-    procs = 2 if quick else 4
-    single = packed_rate(tiny, "softmax", device, steps, warmup, 1)
-    packed = packed_rate(tiny, "softmax", device, steps, warmup, procs)
     print("\n| shape | mechanism | compile | plain loop steps/s | mixzoo steps/s | mixzoo / plain | vs plain eager |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
