@@ -8,31 +8,32 @@ export PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=${GPU:-0}
 site=/tmp/site
 [ -d $site/fla ] || python3 -m pip install -q --no-index --no-deps --no-compile --target $site .whl/*.whl
 export PYTHONPATH=$site:$PWD
-# Triton's compile cache with autotune results, kept between lent machines: .gpu/tc.tgz (carried)
-# is unpacked first; each part packs its cache into $OUT/tc-PART.tgz when it ends
+# Triton's compile cache with autotune results, kept between lent machines: .gpu/tc.tgz and
+# .gpu/at-*.tgz (carried) are unpacked first; each part packs its autotune results (the full
+# cache is too large to bring back) into $OUT/at-PART.tgz when it ends
 export TRITON_CACHE_DIR=$PWD/.triton-cache/$1 TRITON_CACHE_AUTOTUNING=1
 mkdir -p $TRITON_CACHE_DIR
-[ -f .gpu/tc.tgz ] && tar xzf .gpu/tc.tgz -C $TRITON_CACHE_DIR
-trap "tar czf $OUT/tc-$1.tgz -C $TRITON_CACHE_DIR ." EXIT
+for f in .gpu/tc.tgz .gpu/at-*.tgz; do [ -f $f ] && tar xzf $f -C $TRITON_CACHE_DIR; done
+trap "cd $TRITON_CACHE_DIR && find . -name '*.autotune.json' | tar czf $OUT/at-$1.tgz -T -" EXIT
 log=$OUT/$1.log
 case $1 in
   setup-only) nvidia-smi | tee $log ;;
   mixers)
     MIXZOO_BENCH_OUT=$OUT/mixers.json timeout ${T:-450} python3 -m pytest -q -m gpu -rA -s \
-      tests/gpu/test_mixers_gpu.py 2>&1 | grep -v -i "warn" | tee $log | tail -60
+      tests/gpu/test_mixers_gpu.py 2>&1 | grep --line-buffered -v -i "warn" | tee $log | tail -60
     timeout ${T2:-120} python3 benchmarks/gdn_paths.py 2>&1 | tee -a $log ;;
   throughput)
     MIXZOO_BENCH_MIXERS=${MIXERS:-softmax,gdn,gla} timeout ${T:-540} python3 -m mixzoo bench throughput \
-      --out $OUT/throughput.json 2>&1 | grep -v -i "warn" | tee $log | tail -40 ;;
+      --out $OUT/throughput.json 2>&1 | grep --line-buffered -v -i "warn" | tee $log | tail -40 ;;
   kernels)
     export PYTHONPATH=$PYTHONPATH:$PWD/.flashlla MIXZOO_FLASHLLA_MIN_LEN=4096 MIXZOO_FLASHLLA_MAX_LEN=4096
     timeout ${T:-240} python3 -m pytest -q -m gpu -rA tests/gpu/test_lla_kernel.py 2>&1 | tee $log | tail -40
-    timeout ${T2:-300} python3 -m mixzoo bench kernels --out $OUT/kernels.json 2>&1 | grep -v -i "warn" \
+    timeout ${T2:-300} python3 -m mixzoo bench kernels --out $OUT/kernels.json 2>&1 | grep --line-buffered -v -i "warn" \
       | tee -a $log | tail -30 ;;
   sweep)
     t0=$(date +%s)
     timeout ${T:-540} python3 -m mixzoo --results $OUT/res sweep mqar --preset small --workers 2 2>&1 \
-      | grep -v -i "warn" | tee $log | tail -40
+      | grep --line-buffered -v -i "warn" | tee $log | tail -40
     echo "sweep wall $(( $(date +%s) - t0 )) s" | tee -a $log
     python3 -m mixzoo --results $OUT/res leaderboard show 2>&1 | tail -20 | tee -a $log
     (cd $OUT && tar czf res.tgz res && rm -rf res) ;;

@@ -103,9 +103,9 @@ def unit_lower_inverse(A: torch.Tensor) -> torch.Tensor:
     """(I + A)⁻¹ for strictly lower-triangular A (..., C, C), C a power of two.
 
     A is nilpotent, so (I + A)⁻¹ = Σ_n (-A)ⁿ = (I - A)(I + A²)(I + A⁴)···: 2·log2(C) - 2 batched
-    matmuls. On a GPU this beats ``torch.linalg.solve_triangular`` for the many small systems
-    of a chunked scan (batched triangular solves launch-bound there; see the GDN note in
-    README's performance section)."""
+    matmuls. Measured on an H200 inside GDN (benchmarks/gdn_paths.py, B8 T1024 width 128):
+    no faster than ``torch.linalg.solve_triangular`` there (15.0 vs 12.2 ms eager at chunk 64),
+    so the triangular solve is the default; kept as the tested alternative."""
     N = -A
     R = N + torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
     m = 2
@@ -118,11 +118,11 @@ def unit_lower_inverse(A: torch.Tensor) -> torch.Tensor:
 
 @_no_autocast
 def gated_delta_chunk(q, k, v, g, beta, *, scale: float = 1.0, chunk: int = 64,
-                      solve: str = "product") -> torch.Tensor:
+                      solve: str = "triangular") -> torch.Tensor:
     """q, k: (B, H, T, K); v: (B, H, T, V); g: (B, H, T) log-decay; beta: (B, H, T).
     Returns (B, H, T, V) in q's dtype, computed in float32 (float64 for float64 inputs).
-    ``solve``: how the chunk's unit-triangular system is solved, "product" (matmuls, the
-    default) or "triangular" (``torch.linalg.solve_triangular``)."""
+    ``solve``: how the chunk's unit-triangular system is solved, "triangular"
+    (``torch.linalg.solve_triangular``, the default) or "product" (``unit_lower_inverse``)."""
     B, H, T, K = q.shape
     V = v.shape[-1]
     dt = q.dtype

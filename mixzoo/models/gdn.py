@@ -6,17 +6,13 @@ gated RMSNorm on the output. ``allow_neg_eigval`` takes β in [0, 2], so the tra
 I - β k kᵀ can have eigenvalue down to -1 (Grazzi et al., 2025: needed for state tracking).
 
 Paths: ``torch-chunk`` (``_scan.gated_delta_chunk``, the WY/UT chunk form in plain PyTorch; the
-CPU path), ``torch-chunk-compiled`` (the same function through ``torch.compile`` on a GPU where
-fla's kernel is refused: eager, the chunk form is launch-bound, ~2,500 small operator calls per
-forward+backward at length 1024; compiled, inductor fuses them) and ``fla-chunk`` (fla's Triton
+CPU path and the GPU path where fla's kernel is refused) and ``fla-chunk`` (fla's Triton
 ``chunk_gated_delta_rule``, used on a GPU only where its gated backward is trusted: not on
 Hopper with Triton < 3.7.1, which fla itself refuses).
 """
 from __future__ import annotations
 
-import functools
 import math
-import warnings
 
 import torch
 import torch.nn.functional as F
@@ -43,11 +39,6 @@ def gdn_core(q, k, v, *, beta: float = 0.5, decay: float = 1.0, normalize: bool 
     return o.to(q.dtype).reshape(*lead, T, V)
 
 
-@functools.cache
-def _compiled_scan():
-    return torch.compile(gated_delta_chunk, dynamic=False)
-
-
 @register_mixer("gdn", core=gdn_core,
                 core_grid={"beta": [0.1, 0.3, 0.5, 1.0], "decay": [1.0, 0.99, 0.95, 0.9]},
                 search_space={
@@ -60,7 +51,7 @@ class GatedDeltaNet(nn.Module):
 
     def __init__(self, d_model: int, *, num_heads: int = 2, layer_idx: int = 0,
                  allow_neg_eigval: bool = False, conv_size: int = 4, chunk_size: int = 64,
-                 backend: str = "auto", compile_scan: bool = True):
+                 backend: str = "auto"):
         super().__init__()
         if d_model % num_heads:
             raise ValueError(f"d_model={d_model} not divisible by num_heads={num_heads}")
@@ -75,23 +66,7 @@ class GatedDeltaNet(nn.Module):
         self.dt_bias = nn.Parameter(dt_bias_init(num_heads))
         self.o_norm = GatedNorm(self.dh)
         self.o_proj = nn.Linear(d_model, d_model, bias=False)
-        self.compile_scan = compile_scan
         self.backend = "torch-chunk"
-
-    def _scan(self, q, k, v, g, beta):
-        kw = dict(scale=self.dh ** -0.5, chunk=self.chunk)
-        if (q.is_cuda and self.compile_scan and self.requested != "torch"
-                and not torch.compiler.is_compiling()):
-            try:
-                o = _compiled_scan()(q, k, v, g, beta, **kw)
-                self.backend = "torch-chunk-compiled"
-                return o
-            except Exception as e:                   # no working inductor here: say so, run eager
-                warnings.warn(f"gdn: torch.compile of the chunk scan failed ({type(e).__name__}: {e}); "
-                              "running it eagerly (launch-bound, several times slower)")
-                self.compile_scan = False
-        self.backend = "torch-chunk"
-        return gated_delta_chunk(q, k, v, g, beta, **kw)
 
     def _fast(self, x):
         if not x.is_cuda or self.requested == "torch":
@@ -117,7 +92,8 @@ class GatedDeltaNet(nn.Module):
             o = fast(tt(q), tt(k), tt(v), g=tt(g), beta=tt(beta), scale=self.dh ** -0.5)[0]
             o = o.transpose(1, 2)
         else:
-            o = self._scan(q, k, v, g, beta)
+            self.backend = "torch-chunk"
+            o = gated_delta_chunk(q, k, v, g, beta, scale=self.dh ** -0.5, chunk=self.chunk)
         return self.o_proj(self.o_norm(o, gate))
 
     def state_size(self, seq_len: int) -> int:
