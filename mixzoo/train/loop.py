@@ -180,8 +180,11 @@ def train(task: Task, mixer: str, knobs: dict[str, Any] | None = None,
             step = trainer.global_step
             if step % cfg.eval_every and step < cfg.steps:
                 return
-            t = time.perf_counter()
+            # reading the loss waits for the device's queued steps: only then is the clock read, so
+            # that training time counts the device's work, not just the host's launches (with CUDA
+            # graphs the host runs hundreds of steps ahead)
             train_loss = float(lit.loss_sum / lit.loss_n.clamp_min(1))
+            t = time.perf_counter()
             lit.loss_sum.zero_()
             lit.loss_n.zero_()
             val = evaluate(model, task, data["val"], cfg.eval_batch_size, precision)
