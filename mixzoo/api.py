@@ -23,7 +23,7 @@ from .registry import get_mixer, get_task
 
 TRAIN_KEYS = {"steps", "batch_size", "lr", "weight_decay", "warmup_frac", "min_lr_frac",
               "grad_clip", "eval_every", "eval_batch_size", "early_stop", "precision", "compile",
-              "n_train", "n_val", "n_test"}
+              "n_train", "n_val", "n_test", "sparse_head"}
 MODEL_KEYS = {"d_model", "n_layers", "num_heads", "mlp", "mlp_mult", "norm", "tie_embeddings", "short_conv"}
 
 

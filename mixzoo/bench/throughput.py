@@ -1,12 +1,16 @@
 """``mixzoo bench throughput``: the harness against a plain PyTorch loop, side by side.
 
 One run measures, on the same model and the same device-resident data:
-  * a plain loop (AdamW, warmup-cosine, bf16 autocast on GPU, grad clipping) and mixzoo's
-    trainer, each eager and compiled;
+  * a plain loop (AdamW, warmup-cosine, bf16 autocast on GPU, grad clipping, the vocabulary
+    head at every position) and mixzoo's trainer (which applies the head at supervised
+    positions only), each eager and compiled, plus the trainer with the full head, eager (the
+    harness's own overhead);
   * packing: N trainer processes on one device at once (aggregate steps/s) against one;
   * a projection of device-hours for the MAD suite per mechanism from measured step rates.
 Rates exclude a warm-up (compilation, autotuning): the trainer's rate is read between its
 first and last validation, the plain loop's after the same number of warm-up steps.
+MIXZOO_BENCH_MIXERS (default softmax,gla), MIXZOO_BENCH_STEPS (300) and MIXZOO_BENCH_PACKING=0
+(skip packing) narrow a run.
 """
 from __future__ import annotations
 
@@ -88,13 +92,14 @@ def _sync(dev):
         torch.cuda.synchronize(dev)
 
 
-def trainer_rate(shape: str, mixer: str, device: str, steps: int, warmup: int, compile_mode: str) -> float:
+def trainer_rate(shape: str, mixer: str, device: str, steps: int, warmup: int, compile_mode: str,
+                 sparse_head: bool = True) -> float:
     """Steps/s of mixzoo's trainer between its first validation (after warm-up) and its last."""
     from ..train import TrainConfig, train
     task, data, mcfg, _, _, _ = _setup(shape, mixer, device, 1)
     s = SHAPES[shape]
     cfg = TrainConfig(steps=warmup + steps, batch_size=s["batch_size"], lr=1e-3, eval_every=warmup,
-                      compile=compile_mode, eval_batch_size=s["batch_size"])
+                      compile=compile_mode, eval_batch_size=s["batch_size"], sparse_head=sparse_head)
     # one evaluation at the end of warm-up and one at the end: rate over the steps between
     cfg.eval_every = warmup if steps % warmup == 0 else math.gcd(warmup, steps)
     res = train(task, mixer, {}, mcfg, cfg, seed=0, device=device, data=data)
@@ -168,8 +173,11 @@ def main(args) -> int:
           f"{'  (CPU: quick shapes only)' if not gpu else ''}", flush=True)
     # packing first: it needs no autotuning, so it is measured even when a later mechanism runs long
     procs = 2 if quick else 4
-    single = packed_rate(tiny, "softmax", device, steps, warmup, 1)
-    packed = packed_rate(tiny, "softmax", device, steps, warmup, procs)
+    if os.environ.get("MIXZOO_BENCH_PACKING", "1") == "0":
+        single = packed = float("nan")
+    else:
+        single = packed_rate(tiny, "softmax", device, steps, warmup, 1)
+        packed = packed_rate(tiny, "softmax", device, steps, warmup, procs)
     print(f"  packing ({tiny}, softmax): 1 process {single:.1f} steps/s, {procs} processes {packed:.1f}", flush=True)
     for mixer in mixers:
         for mode in modes:
@@ -181,6 +189,12 @@ def main(args) -> int:
                 continue
             rows.append(dict(shape=shape, mixer=mixer, compile=mode, plain=p, mixzoo=t))
             print(f"  {shape:<6} {mixer:<8} compile={mode:<16} plain {p:8.1f} steps/s  mixzoo {t:8.1f} steps/s", flush=True)
+            if mixer == mixers[0] and mode == "off":
+                # the harness alone: the same loss path as the plain loop (vocabulary head everywhere)
+                t = trainer_rate(shape, mixer, device, steps, warmup, mode, sparse_head=False)
+                rows.append(dict(shape=shape, mixer=mixer, compile="off, full head", plain=p, mixzoo=t))
+                print(f"  {shape:<6} {mixer:<8} compile=off full head    plain {p:8.1f} steps/s  mixzoo {t:8.1f} steps/s",
+                      flush=True)
     base = next((r["plain"] for r in rows if r["compile"] == "off"), float("nan"))
     print("\n| shape | mechanism | compile | plain loop steps/s | mixzoo steps/s | mixzoo / plain | vs plain eager |")
     print("|---|---|---|---|---|---|---|")

@@ -129,8 +129,13 @@ class TokenModel(nn.Module):
         if cfg.tie_embeddings:
             self.head.weight = self.embed.weight
 
-    def forward(self, tokens):
-        return self.head(self.trunk(self.embed(tokens)))
+    def forward(self, tokens, select=None):
+        """Logits (B, T, vocab); with ``select`` (B, K) positions, only those: (B, K, vocab).
+        The trunk is causal, so selecting after it changes nothing but the head's cost."""
+        h = self.trunk(self.embed(tokens))
+        if select is not None:
+            h = h.gather(1, select.unsqueeze(-1).expand(-1, -1, h.shape[-1]))
+        return self.head(h)
 
 
 class VectorModel(nn.Module):

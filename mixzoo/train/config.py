@@ -19,6 +19,7 @@ class TrainConfig:
     early_stop: float | None = None   # stop once the validation metric passes this
     precision: str = "auto"           # "auto": bf16-mixed on CUDA, 32 on CPU
     compile: str = "off"              # "off" | "default" | "reduce-overhead" (CUDA graphs) | "max-autotune"
+    sparse_head: bool = True          # token tasks: vocabulary head only at supervised positions in training
     n_train: int | None = None        # examples per split; None = the task's default
     n_val: int | None = None
     n_test: int | None = None

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..models import ModelConfig, build_model, mixers_of
+from ..models.backbones import TokenModel
 from ..tasks.base import IGNORE, Batch, Task
 from .config import RunResult, TrainConfig
 from .metrics import Accumulator
@@ -44,6 +45,16 @@ def loss_fn(kind: str, out: torch.Tensor, b: Batch) -> tuple[torch.Tensor, torch
     else:
         s = (((out.float() - b.targets.float()) ** 2).mean(-1) * b.mask).sum()
     return s / b.mask.sum().clamp_min(1), s
+
+
+def supervised_positions(mask: torch.Tensor) -> torch.Tensor | None:
+    """(N, K) positions of each example's supervised tokens first (in order), padded with
+    unsupervised ones, K the most any example has; None when K > T/2 (too little to gain).
+    One host read (K), once per dataset, so the training steps stay free of syncs."""
+    K = int(mask.sum(1).max()) if mask.numel() else 0
+    if K == 0 or 2 * K > mask.shape[1]:
+        return None
+    return torch.argsort((~mask).to(torch.int8), dim=1, stable=True)[:, :K].contiguous()
 
 
 @torch.no_grad()
@@ -133,6 +144,10 @@ def train(task: Task, mixer: str, knobs: dict[str, Any] | None = None,
     model = build_model(task.backbone, mixer, knobs, model_cfg, vocab=task.vocab_size if task.kind == "classification" else 0,
                         d_in=task.d_in, d_out=task.d_out).to(dev)
     run_model = model if cfg.compile == "off" else torch.compile(model, mode=cfg.compile)
+    # the vocabulary head (vocab x width per position) dominates small token models; where few
+    # positions are supervised (MQAR: the queries), training applies it to those only
+    sel = (supervised_positions(data["train"].mask)
+           if cfg.sparse_head and task.kind == "classification" and isinstance(model, TokenModel) else None)
     order = batch_order(len(data["train"]), cfg.steps, cfg.batch_size, seed).to(dev)
     primary = task.primary
     res = RunResult(state="COMPLETE", params=count_params(model),
@@ -148,7 +163,12 @@ def train(task: Task, mixer: str, knobs: dict[str, Any] | None = None,
 
         def training_step(self, step, _):
             b = data["train"].index(order[step])
-            out = run_model(b.inputs)
+            if sel is None:
+                out = run_model(b.inputs)
+            else:
+                idx = sel[order[step]]
+                out = run_model(b.inputs, select=idx)
+                b = Batch(b.inputs, b.targets.gather(1, idx), b.mask.gather(1, idx))
             loss, _ = loss_fn(task.kind, out, b)
             self.loss_sum += loss.detach().float()
             self.loss_n += 1
