@@ -148,6 +148,9 @@ def train(task: Task, mixer: str, knobs: dict[str, Any] | None = None,
     # positions are supervised (MQAR: the queries), training applies it to those only
     sel = (supervised_positions(data["train"].mask)
            if cfg.sparse_head and task.kind == "classification" and isinstance(model, TokenModel) else None)
+    # the training targets at those positions, gathered once for the whole split
+    train_data = data["train"] if sel is None else Batch(
+        data["train"].inputs, data["train"].targets.gather(1, sel), data["train"].mask.gather(1, sel))
     order = batch_order(len(data["train"]), cfg.steps, cfg.batch_size, seed).to(dev)
     primary = task.primary
     res = RunResult(state="COMPLETE", params=count_params(model),
@@ -162,13 +165,8 @@ def train(task: Task, mixer: str, knobs: dict[str, Any] | None = None,
             self.loss_n = torch.zeros((), device=dev)
 
         def training_step(self, step, _):
-            b = data["train"].index(order[step])
-            if sel is None:
-                out = run_model(b.inputs)
-            else:
-                idx = sel[order[step]]
-                out = run_model(b.inputs, select=idx)
-                b = Batch(b.inputs, b.targets.gather(1, idx), b.mask.gather(1, idx))
+            b = train_data.index(order[step])
+            out = run_model(b.inputs) if sel is None else run_model(b.inputs, select=sel[order[step]])
             loss, _ = loss_fn(task.kind, out, b)
             self.loss_sum += loss.detach().float()
             self.loss_n += 1
