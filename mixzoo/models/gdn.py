@@ -6,9 +6,10 @@ gated RMSNorm on the output. ``allow_neg_eigval`` takes β in [0, 2], so the tra
 I - β k kᵀ can have eigenvalue down to -1 (Grazzi et al., 2025: needed for state tracking).
 
 Paths: ``torch-chunk`` (``_scan.gated_delta_chunk``, the WY/UT chunk form in plain PyTorch; the
-CPU path and the GPU path where fla's kernel is refused) and ``fla-chunk`` (fla's Triton
-``chunk_gated_delta_rule``, used on a GPU only where its gated backward is trusted: not on
-Hopper with Triton < 3.7.1, which fla itself refuses).
+CPU path and the reference), ``fla-chunk`` (fla's Triton ``chunk_gated_delta_rule``, where its
+gated backward is trusted) and ``fla-chunk+torch-dqkwg`` (on Hopper with 3.4 <= Triton < 3.7.1,
+where fla refuses one backward kernel, ``chunk_bwd_dqkwg``: fla's kernels run with that one step
+replaced by mixzoo's batched PyTorch version, ``mixzoo.kernels.fla_dqkwg``).
 """
 from __future__ import annotations
 
@@ -69,13 +70,23 @@ class GatedDeltaNet(nn.Module):
         self.backend = "torch-chunk"
 
     def _fast(self, x):
+        """fla's chunk kernel and the backend name, or (None, "torch-chunk")."""
         if not x.is_cuda or self.requested == "torch":
-            return None
+            return None, "torch-chunk"
         fn = _fla.triton_op("fla.ops.gated_delta_rule", "chunk_gated_delta_rule")
-        ok = fn is not None and (_fla.gated_chunk_backward_ok() or self.requested == "fla")
-        if self.requested == "fla" and fn is None:
-            raise RuntimeError("gdn: backend='fla' asked for but fla's Triton kernel is unavailable")
-        return fn if ok else None
+        if fn is None:
+            if self.requested == "fla":
+                raise RuntimeError("gdn: backend='fla' asked for but fla's Triton kernel is unavailable")
+            return None, "torch-chunk"
+        if _fla.gated_chunk_backward_ok():
+            return fn, "fla-chunk"
+        from ..kernels.fla_dqkwg import install
+        if install():
+            return fn, "fla-chunk+torch-dqkwg"
+        if self.requested == "fla":
+            raise RuntimeError("gdn: fla's gated backward is refused here and its replacement "
+                               "could not be installed")
+        return None, "torch-chunk"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         d = x.shape[-1]
@@ -85,14 +96,12 @@ class GatedDeltaNet(nn.Module):
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)                # (B, T, H)
         beta = b.float().sigmoid() * (2.0 if self.neg else 1.0)
         g, beta = g.transpose(1, 2), beta.transpose(1, 2)                                     # (B, H, T)
-        fast = self._fast(x)
+        fast, self.backend = self._fast(x)
         if fast is not None:
-            self.backend = "fla-chunk"
             tt = lambda t: t.transpose(1, 2).contiguous()
             o = fast(tt(q), tt(k), tt(v), g=tt(g), beta=tt(beta), scale=self.dh ** -0.5)[0]
             o = o.transpose(1, 2)
         else:
-            self.backend = "torch-chunk"
             o = gated_delta_chunk(q, k, v, g, beta, scale=self.dh ** -0.5, chunk=self.chunk)
         return self.o_proj(self.o_norm(o, gate))
 

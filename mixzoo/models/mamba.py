@@ -4,9 +4,10 @@
 Mamba-2 per head: h_t = a_t h_{t-1} + B_t (dt_t x_t)ᵀ, y_t = h_tᵀ C_t + D x_t with a scalar
 a_t = exp(A dt_t), A < 0; B, C shared by the heads. That is simple gated linear attention with
 q = C, k = B dt, v = x, log-decay A dt, which is how it runs: ``torch-chunk`` is
-``_scan.simple_gla_chunk`` (plain PyTorch, fully parallel, the CPU path and the GPU path where
-fla's kernel is refused) and ``fla-simple-gla`` is fla's Triton ``chunk_simple_gla`` (a GPU whose
-Triton fla trusts for gated backward passes; fla refuses Triton < 3.7.1 on Hopper).
+``_scan.simple_gla_chunk`` (plain PyTorch, fully parallel, the CPU path and the reference) and
+``fla-simple-gla`` is fla's Triton ``chunk_simple_gla`` on a GPU. On Hopper with Triton < 3.7.1,
+where fla refuses its gated ``chunk_bwd_dqkwg`` kernel, that one backward step runs as mixzoo's
+PyTorch version (``fla-simple-gla+torch-dqkwg``, ``mixzoo.kernels.fla_dqkwg``).
 
 ``allow_neg_eigval`` maps the transition a in (0, 1) to 2a - 1 in (-1, 1) (Grazzi et al., 2025,
 for state tracking); signed decays run on ``torch-chunk`` only.
@@ -109,12 +110,15 @@ class Mamba(nn.Module):
         fn = None
         if x.is_cuda and self.requested != "torch" and negm is None:
             fn = _fla.triton_op("fla.ops.simple_gla", "chunk_simple_gla")
-            if fn is not None and not (_fla.gated_chunk_backward_ok() or self.requested == "fla"):
-                fn = None
+            name = "fla-simple-gla"
+            if fn is not None and not _fla.gated_chunk_backward_ok():
+                # fla refuses one gated backward kernel here: run it with mixzoo's replacement
+                from ..kernels.fla_dqkwg import install
+                fn, name = (fn, name + "+torch-dqkwg") if install() else (None, name)
         if self.requested == "fla" and fn is None:
             raise RuntimeError("mamba: backend='fla' asked for but fla's chunk_simple_gla cannot run here")
         if fn is not None:
-            self.backend = "fla-simple-gla"
+            self.backend = name
             y = fn(q.to(xh.dtype).contiguous(), k.to(xh.dtype).contiguous(), xh.contiguous(),
                       g=log_a.contiguous(), scale=1.0)[0]
         else:

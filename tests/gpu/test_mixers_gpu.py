@@ -80,10 +80,6 @@ def bench_rows():
 def test_speed_budget(bench_rows, name):
     row = bench_rows[name]
     assert "error" not in row, row["error"]
-    if name == "gdn" and row["backend"] == "torch-chunk":
-        # measured on an H200 with Triton 3.6 (fla's kernel refused): ~16-18 ms, launch-bound
-        # (about 2.3 ms of GPU time in a profile); the budget is not met by this path yet
-        pytest.xfail(f"gdn torch-chunk: {row['ms']:.1f} ms (launch-bound; fla kernel refused here)")
     if name == "lla" and row["backend"] == "torch":
         pytest.skip(f"LLA Triton kernel absent; the exact reference took {row['ms']:.1f} ms")
     assert row["ms"] <= BUDGET_MS, f"{name} ({row['backend']}): {row['ms']:.2f} ms > {BUDGET_MS} ms"
