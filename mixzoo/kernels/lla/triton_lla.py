@@ -16,9 +16,9 @@ Algorithm (chosen for speed; see benchmarks/lla_notes.md for the measurements):
   so CG reaches the accuracy bf16 allows in fewer iterations. Each iteration re-streams the causal prefix
   of K once (one QKᵀ recompute, two matmuls).
 * Early exit per query tile: a tile stops as soon as every row has ‖r‖ <= tol·sqrt(min(1, λ/10))·‖r₀‖
-  (default tol 1e-3, at most ``max_iter`` = 48 iterations). FlashLLA always runs its 32 iterations (its tolerance, 1e-12 on
-  the squared norm, is out of reach in bf16). Optional Jacobi preconditioning (``jacobi=True``): one more
-  matmul in the moment pass; measured separately.
+  (default tol 1e-3, at most ``max_iter`` = 48 iterations; below λ = 3 at least 4·D, see Precision).
+  FlashLLA always runs its 32 iterations (its tolerance, 1e-12 on the squared norm, is out of reach in bf16).
+  Optional Jacobi preconditioning (``jacobi=True``): one more matmul in the moment pass; measured separately.
 * The backward needs one more solve per query with the same matrix. Differentiating the centred form
   o = v̄ - Σ_VK y directly gives a backward with no 1/δ̂ anywhere (the moments-about-the-query form
   multiplies and then cancels terms of size 1 + η, which loses digits when λ is small):
@@ -30,6 +30,40 @@ Algorithm (chosen for speed; see benchmarks/lla_notes.md for the measurements):
       dv_j = Σ_i a_ij ψ_ij g_i,    dλ_i = ν_i . y_i  (so a learned ridge trains)
   Three kernels: forward; backward over query tiles (moments, the solve, dq); backward over key tiles
   (dk, dv), with no atomics.
+
+Precision. Matmuls take bf16 (fp16) operands with fp32 accumulation. Products of inputs (q, k, v, g) are then
+exact; what loses digits is rounding a computed fp32 operand (weights, the CG direction, y, ν) to bf16, a
+relative 2^-9. A small ridge amplifies that: along directions where Σ a (k - k̄)(k - k̄)ᵀ is small, y ≈ (k̄ - q)/λ
+(|y| ~ 5e3 at λ = 0.01 with peaked attention), e = y.k - y.k̄ cancels, an error in h or a CG residual reaches ν
+through C⁻¹ ~ 1/λ, and dk multiplies f = ν.(k - k̄) by y. Where that matters a computed operand x goes through
+the matmul as hi + lo = bf16(x) + bf16(x - bf16(x)) (~2^-17 relative; the other operand, an input, is exact),
+or in three parts (~2^-25). A constexpr level PREC, chosen on the host from λ.min() (``PREC_BELOW``), switches
+this on only where it was measured to be needed (benchmarks/lla_small_ridge.py: Triton interpreter patched to
+round like the GPU, errors against the float64 reference; per-flag ablations at λ = 0.01 and λ = 1, q x 4):
+  PREC 0, λ >= 10: as measured on the H200 (same PTX, compiled offline for sm_90a): hi + lo only for y and
+      the weights of the forward's output pass.
+  PREC 1, 3 <= λ < 10: also the one-pass sums: the softmax weights in k̄ (forward and backward) and a Γ in h,
+      y and ν in e and f, and the dv weights a ψ. The sums add the weights the matmuls see. Extra matmuls:
+      1 in the forward, 2 + 2 (dq kernel) + 3 (dk/dv kernel) in the backward; the CG loop is unchanged.
+      Without it, λ = 2..3 with q x 4 gave dk errors of 3e-2 (D = 128).
+  PREC 2, 0.1 <= λ < 3: also the CG matvec: p is no longer rounded to bf16 each iteration (that cost ~50% more
+      iterations at λ = 0.01) and enters c = p.k as hi + lo; the weighted projections a c go through as hi + lo
+      (rounded, they limit how far the true residual falls: o errors 1.3e-2 at λ = 1 and 4.5e-2 at λ = 0.01,
+      q x 4, with everything else split). Five matmuls a key tile and iteration instead of three, no more loads.
+  PREC 3, λ < 0.1: p enters c in three parts (with two, the 2^-17 error of c times |y| ~ 1/λ left a true
+      residual of ~2e-3 and 1-3e-2 errors on rows with few keys at λ = 0.01): six matmuls a key tile and
+      iteration. y enters e in three parts (forward output pass, dq and dk/dv kernels: one more matmul each;
+      dv 8e-3 -> 2e-3 at T = 64, D = 128). The ν solve stops at ‖r‖ <= tol·min(1, λ/10)·‖r₀‖ instead of
+      tol·sqrt(..): dk multiplies ν's error (up to ‖r‖/λ) by y (up to |k̄ - q|/λ); at T = 64, D = 128, q x 4
+      (every row sees fewer than D keys) dk went 2.0e-2 -> 8e-3 and dq 1.3e-2 -> 2e-3, for ~45% more
+      backward iterations.
+  Not split, measured unnecessary (errors moved by < 5e-4 at λ = 0.01, D = 64, q x 4): the dq weights P and
+  the three dk matmuls.
+  At PREC >= 2 CG needs many more iterations (C's spectrum spans λ .. a|k - k̄|² ~ D; at λ = 0.01, T = 300 up to
+  ~2 D for D = 32, ~1.2 D for D = 128), so the iteration cap is max(max_iter, 4 D). The forward's stop rule is
+  unchanged: y's residual at that tolerance moved o, dq, dk by < 4e-4 (float64 formulas fed the kernel's y).
+  fp32 operands with input_precision "tf32x3" were not used: with one operand exactly bf16, two bf16 matmuls
+  give 16 bits where tf32x3 costs three tf32 matmuls (half the bf16 rate) and an fp32 copy of k.
 
 Memory: besides the output, the forward keeps y (fp32, (BH, T, D)) and one float per row; the backward
 adds ν (fp32, (BH, T, D)) and four floats per row. Nothing of size T x T or T x D x D touches global memory.
@@ -61,9 +95,21 @@ def _scores(q, k, offs_m, offs_n, T, sc2):
 
 
 @triton.jit
+def _hi_lo(x, DT: tl.constexpr):
+    """x (fp32) = hi + lo + O(2^-18 |x|), both halves in DT (bf16: hi carries 8 bits, lo the next 8)."""
+    xh = x.to(DT)
+    return xh, (x - xh.to(tl.float32)).to(DT)
+
+
+@triton.jit
 def _cg_solve(rhs, q, kbar, lse2, lam, dinv, Kb, offs_m, offs_d, hi, T, sc2, tol2, max_iter,
-              D: tl.constexpr, BN: tl.constexpr, JACOBI: tl.constexpr):
-    """Solve (Σ a (k - k̄)(k - k̄)ᵀ + λI) x = rhs for every row of a query tile; matrix-free CG."""
+              D: tl.constexpr, BN: tl.constexpr, JACOBI: tl.constexpr, PREC: tl.constexpr, TIGHT: tl.constexpr):
+    """Solve (Σ a (k - k̄)(k - k̄)ᵀ + λI) x = rhs for every row of a query tile; matrix-free CG.
+
+    PREC < 2: the direction p is rounded to bf16 and the weighted projections a c go through the matmul in bf16
+    (three matmuls a key tile). PREC >= 2: p is kept as hi + lo (PREC 3: hi + mid + lo, ~24 bits) and enters
+    c = p . k in those parts, a c as hi + lo: five (six) matmuls a key tile. TIGHT (the ν solve at PREC 3): stop
+    at ‖r‖ <= tol·min(1, λ/10)·‖r₀‖."""
     DT = q.dtype
     x = tl.zeros(rhs.shape, tl.float32)
     r = rhs
@@ -71,18 +117,29 @@ def _cg_solve(rhs, q, kbar, lse2, lam, dinv, Kb, offs_m, offs_d, hi, T, sc2, tol
         z = r * dinv
     else:
         z = r
-    p = z.to(DT).to(tl.float32)
+    if PREC >= 2:
+        p = z
+    else:
+        p = z.to(DT).to(tl.float32)       # p exactly representable: the matvec sees the p that x gets
     rz = tl.sum(r * z, 1)
-    # the error in x is at most ‖r‖/λ: tighten the relative tolerance for λ < 10 (by sqrt(λ/10): tol 1e-3
-    # flat left 1e-2..5e-2 output error at λ <= 1; the full factor λ/10 pushed bf16 CG past its rounding
-    # floor, where it diverged in the interpreter)
+    # stop at ‖r‖ <= tol·sqrt(min(1, λ/10))·‖r₀‖ (the error in x is at most ‖r‖/λ). Written as in the measured
+    # kernel: ptxas spills a third more in the dq kernel when this is min(λ/10, 1) directly.
     lr = tl.sqrt(tl.minimum(lam / 10.0, 1.0))
     thr = rz * tol2 * lr * lr
+    if TIGHT:                                       # ‖r‖ <= tol·min(1, λ/10)·‖r₀‖
+        thr = thr * lr * lr
     active = rz > 0
     it = tl.full([], 0, tl.int32)
     n_act = tl.sum(active.to(tl.int32), 0)
     while (it < max_iter) & (n_act > 0):
         pb = p.to(DT)
+        if PREC >= 2:                       # p = pb + pm (+ pl) exactly, so x and the matvec see the same p
+            pr = p - pb.to(tl.float32)
+            pm = pr.to(DT)
+            p = pb.to(tl.float32) + pm.to(tl.float32)
+            if PREC >= 3:
+                pl = (pr - pm.to(tl.float32)).to(DT)
+                p += pl.to(tl.float32)
         pk = tl.sum(p * kbar, 1)
         acc = tl.zeros(rhs.shape, tl.float32)
         cs = tl.zeros(lse2.shape, tl.float32)
@@ -90,10 +147,19 @@ def _cg_solve(rhs, q, kbar, lse2, lam, dinv, Kb, offs_m, offs_d, hi, T, sc2, tol
             offs_n = start + tl.arange(0, BN)
             k = tl.load(Kb + offs_n[:, None] * D + offs_d[None, :], mask=offs_n[:, None] < T, other=0.0)
             a = tl.math.exp2(_scores(q, k, offs_m, offs_n, T, sc2) - lse2[:, None])
-            c = tl.dot(pb, tl.trans(k)) - pk[:, None]
-            wc = (a * c).to(DT)
-            acc = tl.dot(wc, k, acc)
-            cs += tl.sum(wc.to(tl.float32), 1)
+            c = tl.dot(pb, tl.trans(k))
+            if PREC >= 2:
+                c = tl.dot(pm, tl.trans(k), c)
+                if PREC >= 3:
+                    c = tl.dot(pl, tl.trans(k), c)
+                wh, wl = _hi_lo(a * (c - pk[:, None]), DT)
+                acc = tl.dot(wh, k, acc)
+                acc = tl.dot(wl, k, acc)
+                cs += tl.sum(wh.to(tl.float32) + wl.to(tl.float32), 1)     # the weights the matmuls see
+            else:
+                wb = (a * (c - pk[:, None])).to(DT)
+                acc = tl.dot(wb, k, acc)
+                cs += tl.sum(wb.to(tl.float32), 1)
         ap = acc - cs[:, None] * kbar + lam[:, None] * p
         pap = tl.sum(p * ap, 1)
         active = active & (pap > 0)                 # stop a row whose curvature rounding made non-positive
@@ -107,7 +173,9 @@ def _cg_solve(rhs, q, kbar, lse2, lam, dinv, Kb, offs_m, offs_d, hi, T, sc2, tol
         rz_new = tl.sum(r * z, 1)
         active = active & (rz_new > thr)
         beta = tl.where(active, rz_new / rz, 0.0)
-        p = (z + beta[:, None] * p).to(DT).to(tl.float32)
+        p = z + beta[:, None] * p
+        if PREC < 2:
+            p = p.to(DT).to(tl.float32)
         rz = tl.where(active, rz_new, rz)
         it += 1
         n_act = tl.sum(active.to(tl.int32), 0)
@@ -116,7 +184,8 @@ def _cg_solve(rhs, q, kbar, lse2, lam, dinv, Kb, offs_m, offs_d, hi, T, sc2, tol
 
 @triton.jit
 def _lla_fwd(Q, K, V, LAM, OUT, Y, LSE, ITS, T, sc2, tol2, max_iter,
-             D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, JACOBI: tl.constexpr, STORE_Y: tl.constexpr):
+             D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, JACOBI: tl.constexpr, STORE_Y: tl.constexpr,
+             PREC: tl.constexpr):
     n_m = tl.cdiv(T, BM)
     pid_m = n_m - 1 - tl.program_id(0)            # longest tiles first
     bh = tl.program_id(1).to(tl.int64)
@@ -129,7 +198,9 @@ def _lla_fwd(Q, K, V, LAM, OUT, Y, LSE, ITS, T, sc2, tol2, max_iter,
     lam = tl.load(LAM + bh * T + offs_m, mask=rmask, other=1.0)
     hi = tl.minimum(T, (pid_m + 1) * BM)
 
-    # pass 1: online softmax moments (max, sum, Σ w k, and Σ w k∘k for Jacobi)
+    # pass 1: online softmax moments (max, sum, Σ w k, and Σ w k∘k for Jacobi). PREC >= 1: the weights enter
+    # Σ w k as hi + lo (k̄ then matches the weights a of the later passes to ~2^-17); the sums always add the
+    # weights the matmuls see, so that Σ w (k - k̄) = 0 holds for them
     m = tl.full([BM], float("-inf"), tl.float32)
     wsum = tl.zeros([BM], tl.float32)
     mk = tl.zeros([BM, D], tl.float32)
@@ -141,9 +212,16 @@ def _lla_fwd(Q, K, V, LAM, OUT, Y, LSE, ITS, T, sc2, tol2, max_iter,
         m_new = tl.maximum(m, tl.max(s, 1))
         m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.math.exp2(m - m_new)
-        wb = tl.math.exp2(s - m_new[:, None]).to(DT)
-        wsum = wsum * alpha + tl.sum(wb.to(tl.float32), 1)
+        w = tl.math.exp2(s - m_new[:, None])
+        wb = w.to(DT)
+        if PREC >= 1:
+            wl = (w - wb.to(tl.float32)).to(DT)
+            wsum = wsum * alpha + tl.sum(wb.to(tl.float32) + wl.to(tl.float32), 1)
+        else:
+            wsum = wsum * alpha + tl.sum(wb.to(tl.float32), 1)
         mk = tl.dot(wb, k, mk * alpha[:, None])
+        if PREC >= 1:
+            mk = tl.dot(wl, k, mk)
         if JACOBI:
             kf = k.to(tl.float32)
             dg = tl.dot(wb, (kf * kf).to(DT), dg * alpha[:, None])
@@ -158,13 +236,14 @@ def _lla_fwd(Q, K, V, LAM, OUT, Y, LSE, ITS, T, sc2, tol2, max_iter,
     else:
         dinv = bv
     y, it = _cg_solve(bv, q, kbar, lse2, lam, dinv, Kb, offs_m, offs_d, hi, T, sc2, tol2, max_iter,
-                      D, BN, JACOBI)
+                      D, BN, JACOBI, PREC, False)
 
-    # pass 3: o = Σ a (1 - y . (k - k̄)) v. When λ is small and the query lies outside the key cloud these
-    # weights are large and cancel, so y and the weights go through the matmuls as hi + lo bf16 pairs
-    # (two more matmuls in this pass only; measured in benchmarks/lla_notes.md).
-    yb = y.to(DT)
-    yl = (y - yb.to(tl.float32)).to(DT)
+    # pass 3: o = Σ a (1 - y . (k - k̄)) v. When λ is small and the query lies outside the key cloud, |y| is up to
+    # |k̄ - q|/λ and e = y.k - y.k̄ cancels, so y and the weights always go through the matmuls as hi + lo
+    # pairs; PREC 3 (λ < 0.1) splits y in three (hi + lo left e errors of ~1e-2 at λ = 0.01 on the first rows).
+    yb, yl = _hi_lo(y, DT)
+    if PREC >= 3:
+        yl2 = (y - yb.to(tl.float32) - yl.to(tl.float32)).to(DT)
     yk = tl.sum(y * kbar, 1)
     acc = tl.zeros([BM, D], tl.float32)
     for start in range(0, hi, BN):
@@ -173,8 +252,10 @@ def _lla_fwd(Q, K, V, LAM, OUT, Y, LSE, ITS, T, sc2, tol2, max_iter,
         k = tl.load(Kb + kv_off, mask=offs_n[:, None] < T, other=0.0)
         v = tl.load(Vb + kv_off, mask=offs_n[:, None] < T, other=0.0)
         a = tl.math.exp2(_scores(q, k, offs_m, offs_n, T, sc2) - lse2[:, None])
-        e = tl.dot(yl, tl.trans(k), tl.dot(yb, tl.trans(k))) - yk[:, None]
-        w = a * (1.0 - e)
+        e = tl.dot(yl, tl.trans(k), tl.dot(yb, tl.trans(k)))
+        if PREC >= 3:
+            e = tl.dot(yl2, tl.trans(k), e)
+        w = a * (1.0 - (e - yk[:, None]))
         wb = w.to(DT)
         acc = tl.dot(wb, v, acc)
         acc = tl.dot((w - wb.to(tl.float32)).to(DT), v, acc)
@@ -189,7 +270,7 @@ def _lla_fwd(Q, K, V, LAM, OUT, Y, LSE, ITS, T, sc2, tol2, max_iter,
 
 @triton.jit
 def _lla_bwd_q(Q, K, V, G, LAM, Y, LSE, DQ, NU, ROWS, DLAM, ITS, T, scale, sc2, tol2, max_iter,
-               D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, JACOBI: tl.constexpr, SPLIT: tl.constexpr):
+               D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, JACOBI: tl.constexpr, PREC: tl.constexpr):
     """Per query tile: k̄, h = Σ a (Γ - Γ̄)(k - k̄) with Γ_j = g . v_j; ν = C⁻¹ h; dq = ν + scale Σ P (k - k̄)."""
     n_m = tl.cdiv(T, BM)
     pid_m = n_m - 1 - tl.program_id(0)
@@ -207,7 +288,8 @@ def _lla_bwd_q(Q, K, V, G, LAM, Y, LSE, DQ, NU, ROWS, DLAM, ITS, T, scale, sc2, 
     lse2 = tl.load(LSE + bh * T + offs_m, mask=rmask, other=0.0)
     hi = tl.minimum(T, (pid_m + 1) * BM)
 
-    # pass 1: Σ a k, Σ a Γ k, Σ a Γ (and Σ a k∘k for Jacobi)
+    # pass 1: Σ a k, Σ a Γ k, Σ a Γ (and Σ a k∘k for Jacobi). PREC >= 1: a and a Γ as hi + lo (an error in h
+    # goes into ν through C⁻¹ like a CG residual; k̄ must match the forward's)
     kb = tl.zeros([BM, D], tl.float32)
     tg = tl.zeros([BM, D], tl.float32)
     dg = tl.zeros([BM, D], tl.float32)
@@ -221,11 +303,20 @@ def _lla_bwd_q(Q, K, V, G, LAM, Y, LSE, DQ, NU, ROWS, DLAM, ITS, T, scale, sc2, 
         a = tl.math.exp2(_scores(q, k, offs_m, offs_n, T, sc2) - lse2[:, None])
         gam = tl.dot(g, tl.trans(v))
         ab = a.to(DT)
-        agb = (a * gam).to(DT)
+        ag = a * gam
+        agb = ag.to(DT)
         kb = tl.dot(ab, k, kb)
         tg = tl.dot(agb, k, tg)
-        asum += tl.sum(ab.to(tl.float32), 1)
-        gsum += tl.sum(agb.to(tl.float32), 1)
+        if PREC >= 1:
+            al = (a - ab.to(tl.float32)).to(DT)
+            agl = (ag - agb.to(tl.float32)).to(DT)
+            kb = tl.dot(al, k, kb)
+            tg = tl.dot(agl, k, tg)
+            asum += tl.sum(ab.to(tl.float32) + al.to(tl.float32), 1)
+            gsum += tl.sum(agb.to(tl.float32) + agl.to(tl.float32), 1)
+        else:
+            asum += tl.sum(ab.to(tl.float32), 1)
+            gsum += tl.sum(agb.to(tl.float32), 1)
         if JACOBI:
             kf = k.to(tl.float32)
             dg = tl.dot(ab, (kf * kf).to(DT), dg)
@@ -239,19 +330,22 @@ def _lla_bwd_q(Q, K, V, G, LAM, Y, LSE, DQ, NU, ROWS, DLAM, ITS, T, scale, sc2, 
     else:
         dinv = h
     nu, it = _cg_solve(h, q, kbar, lse2, lam, dinv, Kb, offs_m, offs_d, hi, T, sc2, tol2, max_iter,
-                       D, BN, JACOBI)
-    yb = y.to(DT)
-    yl = (y - yb.to(tl.float32)).to(DT)
-    nb = nu.to(DT)
-    if SPLIT:
+                       D, BN, JACOBI, PREC, PREC >= 3)
+    yb, yl = _hi_lo(y, DT)
+    if PREC >= 3:
+        yl2 = (y - yb.to(tl.float32) - yl.to(tl.float32)).to(DT)
+    nb, nl = _hi_lo(nu, DT)
+    if PREC >= 1:
         yk = tl.sum(y * kbar, 1)
-    else:
+        nk = tl.sum(nu * kbar, 1)
+    else:                                          # the row constants of the y, ν the matmuls see
         yk = tl.sum(yb.to(tl.float32) * kbar, 1)
-    nk = tl.sum(nb.to(tl.float32) * kbar, 1)
+        nk = tl.sum(nb.to(tl.float32) * kbar, 1)
     dlam = tl.sum(nu * y, 1)
     lnu = lam * dlam
 
-    # pass 2: P = a ((Γ - Γ̄ - f)(1 - e) + λ ν.y), e = y.(k - k̄), f = ν.(k - k̄)
+    # pass 2: P = a ((Γ - Γ̄ - f)(1 - e) + λ ν.y), e = y.(k - k̄), f = ν.(k - k̄). PREC >= 1: y and ν as hi + lo
+    # (|y| is up to |k̄ - q|/λ, and f multiplies y in dk)
     acc = tl.zeros([BM, D], tl.float32)
     psum = tl.zeros([BM], tl.float32)
     for start in range(0, hi, BN):
@@ -262,10 +356,15 @@ def _lla_bwd_q(Q, K, V, G, LAM, Y, LSE, DQ, NU, ROWS, DLAM, ITS, T, scale, sc2, 
         a = tl.math.exp2(_scores(q, k, offs_m, offs_n, T, sc2) - lse2[:, None])
         gam = tl.dot(g, tl.trans(v))
         yk_j = tl.dot(yb, tl.trans(k))
-        if SPLIT:
+        if PREC >= 1:
             yk_j = tl.dot(yl, tl.trans(k), yk_j)
+            if PREC >= 3:
+                yk_j = tl.dot(yl2, tl.trans(k), yk_j)
         psi = 1.0 - (yk_j - yk[:, None])
-        f = tl.dot(nb, tl.trans(k)) - nk[:, None]
+        f = tl.dot(nb, tl.trans(k))
+        if PREC >= 1:
+            f = tl.dot(nl, tl.trans(k), f)
+        f = f - nk[:, None]
         pb = (a * ((gam - gbar[:, None] - f) * psi + lnu[:, None])).to(DT)
         acc = tl.dot(pb, k, acc)
         psum += tl.sum(pb.to(tl.float32), 1)
@@ -283,8 +382,12 @@ def _lla_bwd_q(Q, K, V, G, LAM, Y, LSE, DQ, NU, ROWS, DLAM, ITS, T, scale, sc2, 
 
 @triton.jit
 def _lla_bwd_kv(Q, K, V, G, Y, NU, LSE, ROWS, DK, DV, T, scale, sc2,
-                D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr):
-    """Per key tile: dv = Σ_i a ψ g_i; dk = Σ_i scale P q_i - a ψ ν_i + a (f - Γ + Γ̄) y_i."""
+                D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr):
+    """Per key tile: dv = Σ_i a ψ g_i; dk = Σ_i scale P q_i - a ψ ν_i + a (f - Γ + Γ̄) y_i.
+
+    PREC >= 1: y and ν (in e and f) and the dv weights a ψ go through the matmuls as hi + lo (PREC 3: y in three
+    parts). The three dk matmuls stay one-part: splitting both operands (hi.hi + hi.lo + lo.hi) moved dk by
+    < 5e-4 at λ = 0.01, D = 64, q x 4."""
     pid_n = tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
     offs_n = pid_n * BN + tl.arange(0, BN)
@@ -305,7 +408,8 @@ def _lla_bwd_kv(Q, K, V, G, Y, NU, LSE, ROWS, DK, DV, T, scale, sc2,
         g = tl.load(G + row_off, mask=rmask[:, None], other=0.0)
         y = tl.load(Y + row_off, mask=rmask[:, None], other=0.0)
         yb = y.to(DT)
-        nb = tl.load(NU + row_off, mask=rmask[:, None], other=0.0).to(DT)
+        nu = tl.load(NU + row_off, mask=rmask[:, None], other=0.0)
+        nb = nu.to(DT)
         lse2 = tl.load(LSE + bh * T + offs_m, mask=rmask, other=0.0)
         rows = ROWS + (bh * T + offs_m) * 4
         yk = tl.load(rows, mask=rmask, other=0.0)
@@ -315,22 +419,25 @@ def _lla_bwd_kv(Q, K, V, G, Y, NU, LSE, ROWS, DK, DV, T, scale, sc2,
         a = tl.math.exp2(_scores(q, k, offs_m, offs_n, T, sc2) - lse2[:, None])
         dl = tl.dot(g, tl.trans(v)) - gbar[:, None]
         yk_j = tl.dot(yb, tl.trans(k))
-        if SPLIT:
-            yl = (y - yb.to(tl.float32)).to(DT)
+        if PREC >= 1:
+            yr = y - yb.to(tl.float32)
+            yl = yr.to(DT)
             yk_j = tl.dot(yl, tl.trans(k), yk_j)
+            if PREC >= 3:
+                yk_j = tl.dot((yr - yl.to(tl.float32)).to(DT), tl.trans(k), yk_j)
         apsi = a * (1.0 - (yk_j - yk[:, None]))
-        f = tl.dot(nb, tl.trans(k)) - nk[:, None]
+        f = tl.dot(nb, tl.trans(k))
+        if PREC >= 1:
+            f = tl.dot((nu - nb.to(tl.float32)).to(DT), tl.trans(k), f)
+        f = f - nk[:, None]
         apsi_b = apsi.to(DT)
         dv = tl.dot(tl.trans(apsi_b), g, dv)
-        if SPLIT:
+        if PREC >= 1:
             dv = tl.dot(tl.trans((apsi - apsi_b.to(tl.float32)).to(DT)), g, dv)
         p = (dl - f) * apsi + a * lnu[:, None]
         dk = tl.dot(tl.trans((p * scale).to(DT)), q, dk)
         dk = tl.dot(tl.trans(-apsi_b), nb, dk)
-        wy = tl.trans((a * (f - dl)).to(DT))
-        dk = tl.dot(wy, yb, dk)
-        if SPLIT:
-            dk = tl.dot(wy, yl, dk)
+        dk = tl.dot(tl.trans((a * (f - dl)).to(DT)), yb, dk)
     tl.store(DK + col_off, dk.to(DT), mask=cmask[:, None])
     tl.store(DV + col_off, dv.to(DT), mask=cmask[:, None])
 
@@ -346,29 +453,43 @@ def _cfg(kind, dp, override):
     return CONFIGS[kind][dp]
 
 
-def lla_forward(q, k, v, lam, scale, tol, max_iter, jacobi, cfg=None, store_y=True):
+# Precision level of a launch from its smallest ridge (module docstring; measured in benchmarks/lla_small_ridge.py):
+# PREC >= n where λ.min() < PREC_BELOW[n - 1]. From PREC 2 on CG needs up to ~2 D iterations (the spectrum of C
+# spans λ..a|k - k̄|², up to ~D), so the cap is raised to at least SMALL_RIDGE_ITERS_PER_DIM x the padded head dim.
+PREC_BELOW = (10.0, 3.0, 0.1)
+SMALL_RIDGE_ITERS_PER_DIM = 4
+
+
+def precision_level(lam_min: float) -> int:
+    """The precision level for a launch whose smallest ridge is ``lam_min`` (module docstring)."""
+    return sum(lam_min < t for t in PREC_BELOW)
+
+
+def _iter_cap(max_iter, prec, Dp):
+    return max(max_iter, SMALL_RIDGE_ITERS_PER_DIM * Dp) if prec >= 2 else max_iter
+
+
+def lla_forward(q, k, v, lam, scale, tol, max_iter, jacobi, cfg=None, store_y=True, prec=None):
     """q, k, v: (BH, T, Dp) contiguous, Dp a power of two >= 16; lam: (BH, T) fp32.
 
+    ``prec`` (default: ``precision_level(lam.min())``) is the precision level; the backward must get the same.
     Returns o, y (fp32), lse (log2-sum-exp per row), and the CG iterations per query tile."""
     BH, T, Dp = q.shape
+    prec = precision_level(float(lam.min())) if prec is None else int(prec)
     BM, BN, nw, ns = _cfg("fwd", Dp, cfg)
     o = torch.empty_like(q)
     y = torch.empty(BH, T, Dp, device=q.device, dtype=torch.float32) if store_y else torch.empty(1, device=q.device)
     lse = torch.empty(BH, T, device=q.device, dtype=torch.float32)
     n_m = triton.cdiv(T, BM)
     its = torch.empty(BH, n_m, device=q.device, dtype=torch.int32)
-    _lla_fwd[(n_m, BH)](q, k, v, lam, o, y, lse, its, T, scale * LOG2E, tol * tol, max_iter,
-                        D=Dp, BM=BM, BN=BN, JACOBI=jacobi, STORE_Y=store_y, num_warps=nw, num_stages=ns)
+    _lla_fwd[(n_m, BH)](q, k, v, lam, o, y, lse, its, T, scale * LOG2E, tol * tol, _iter_cap(max_iter, prec, Dp),
+                        D=Dp, BM=BM, BN=BN, JACOBI=jacobi, STORE_Y=store_y, PREC=prec, num_warps=nw, num_stages=ns)
     return o, y, lse, its
 
 
-def lla_backward(q, k, v, g, lam, y, lse, scale, tol, max_iter, jacobi, cfg=None, split=None):
-    """Returns dq, dk, dv, dλ (fp32, (BH, T)) and the CG iterations per query tile.
-
-    ``split`` (default: when some λ < 1) sends y and the value weights through the matmuls as hi + lo bf16
-    pairs: four more matmuls, needed for the 2e-2 gradient accuracy when a small ridge makes y large."""
-    if split is None:
-        split = bool(float(lam.min()) < 1.0)
+def lla_backward(q, k, v, g, lam, y, lse, scale, tol, max_iter, jacobi, cfg=None, prec=None):
+    """Returns dq, dk, dv, dλ (fp32, (BH, T)) and the CG iterations per query tile (``prec`` as the forward's)."""
+    prec = precision_level(float(lam.min())) if prec is None else int(prec)
     BH, T, Dp = q.shape
     BM, BN, nw, ns = _cfg("bwd_q", Dp, cfg)
     dq = torch.empty_like(q)
@@ -378,19 +499,19 @@ def lla_backward(q, k, v, g, lam, y, lse, scale, tol, max_iter, jacobi, cfg=None
     n_m = triton.cdiv(T, BM)
     its = torch.empty(BH, n_m, device=q.device, dtype=torch.int32)
     _lla_bwd_q[(n_m, BH)](q, k, v, g, lam, y, lse, dq, nu, rows, dlam, its, T, scale, scale * LOG2E,
-                          tol * tol, max_iter, D=Dp, BM=BM, BN=BN, JACOBI=jacobi, SPLIT=split,
+                          tol * tol, _iter_cap(max_iter, prec, Dp), D=Dp, BM=BM, BN=BN, JACOBI=jacobi, PREC=prec,
                           num_warps=nw, num_stages=ns)
     BM, BN, nw, ns = _cfg("bwd_kv", Dp, cfg)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     _lla_bwd_kv[(triton.cdiv(T, BN), BH)](q, k, v, g, y, nu, lse, rows, dk, dv, T, scale, scale * LOG2E,
-                                          D=Dp, BM=BM, BN=BN, SPLIT=split, num_warps=nw, num_stages=ns)
+                                          D=Dp, BM=BM, BN=BN, PREC=prec, num_warps=nw, num_stages=ns)
     return dq, dk, dv, dlam, its
 
 
 class LLAFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, ridge, scale, tol, max_iter, jacobi, cfg, store):
+    def forward(ctx, q, k, v, ridge, scale, tol, max_iter, jacobi, cfg, store, prec):
         B, H, T, D = q.shape
         dtype = q.dtype if q.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
         Dp = max(16, 1 << (D - 1).bit_length())
@@ -399,9 +520,11 @@ class LLAFunction(torch.autograd.Function):
             lam = ridge.detach().to(torch.float32).broadcast_to(B, H, T).reshape(B * H, T).contiguous()
         else:
             lam = torch.full((B * H, T), float(ridge), device=q.device, dtype=torch.float32)
-        o, y, lse, its = lla_forward(qq, kk, vv, lam, scale, tol, max_iter, jacobi, cfg, store_y=store)
+        if prec is None:                          # a float ridge needs no device sync
+            prec = precision_level(float(lam.min()) if torch.is_tensor(ridge) else float(ridge))
+        o, y, lse, its = lla_forward(qq, kk, vv, lam, scale, tol, max_iter, jacobi, cfg, store_y=store, prec=prec)
         ctx.save_for_backward(qq, kk, vv, lam, y, lse)
-        ctx.meta = (B, H, T, D, scale, tol, max_iter, jacobi, cfg, q.dtype,
+        ctx.meta = (B, H, T, D, scale, tol, max_iter, jacobi, cfg, prec, q.dtype,
                     ridge.shape if torch.is_tensor(ridge) else None)
         ctx.fwd_iters = its
         out = o.reshape(B, H, T, Dp)[..., :D]
@@ -410,23 +533,24 @@ class LLAFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_o):
         qq, kk, vv, lam, y, lse = ctx.saved_tensors
-        B, H, T, D, scale, tol, max_iter, jacobi, cfg, in_dtype, ridge_shape = ctx.meta
+        B, H, T, D, scale, tol, max_iter, jacobi, cfg, prec, in_dtype, ridge_shape = ctx.meta
         Dp = qq.shape[-1]
         g = _pad_dim(grad_o.to(qq.dtype), Dp).reshape(B * H, T, Dp).contiguous()
-        dq, dk, dv, dlam, _ = lla_backward(qq, kk, vv, g, lam, y, lse, scale, tol, max_iter, jacobi, cfg)
+        dq, dk, dv, dlam, _ = lla_backward(qq, kk, vv, g, lam, y, lse, scale, tol, max_iter, jacobi, cfg, prec)
         grads = [t.reshape(B, H, T, Dp)[..., :D].to(in_dtype) for t in (dq, dk, dv)]
         dridge = None
         if ridge_shape is not None and ctx.needs_input_grad[3]:
             dridge = dlam.reshape(B, H, T)
             dridge = dridge.sum_to_size(ridge_shape) if tuple(ridge_shape) != (B, H, T) else dridge
-        return (*grads, dridge, None, None, None, None, None, None)
+        return (*grads, dridge, None, None, None, None, None, None, None)
 
 
-def lla(q, k, v, *, ridge, scale=None, tol=None, max_iter=None, jacobi=None, cfg=None):
+def lla(q, k, v, *, ridge, scale=None, tol=None, max_iter=None, jacobi=None, cfg=None, prec=None):
     """Causal LLA on (B, H, T, D) CUDA tensors (bf16/fp16; fp32 inputs run in bf16) -> (B, H, T, D).
 
     ``ridge`` is λ: a float or a tensor broadcastable to (B, H, T); it gets a gradient when it requires one.
-    ``tol`` (relative CG residual), ``max_iter`` and ``jacobi`` default to ``DEFAULTS``.
+    ``tol`` (relative CG residual), ``max_iter`` and ``jacobi`` default to ``DEFAULTS``; ``prec`` (the precision
+    level, module docstring) defaults to ``precision_level(λ.min())``.
     """
     if q.dim() != 4:
         raise ValueError(f"lla: expected (B, H, T, D) inputs, got shape {tuple(q.shape)}")
@@ -439,7 +563,8 @@ def lla(q, k, v, *, ridge, scale=None, tol=None, max_iter=None, jacobi=None, cfg
     jacobi = DEFAULTS["jacobi"] if jacobi is None else bool(jacobi)
     # y is kept for the backward only when one can follow (autograd.Function.forward itself runs without grad)
     store = torch.is_grad_enabled() and any(torch.is_tensor(t) and t.requires_grad for t in (q, k, v, ridge))
-    return LLAFunction.apply(q, k, v, ridge, scale, tol, max_iter, jacobi, cfg, store)
+    return LLAFunction.apply(q, k, v, ridge, scale, tol, max_iter, jacobi, cfg, store, prec)
 
 
-__all__ = ["lla", "lla_forward", "lla_backward", "LLAFunction", "CONFIGS", "DEFAULTS"]
+__all__ = ["lla", "lla_forward", "lla_backward", "LLAFunction", "CONFIGS", "DEFAULTS", "PREC_BELOW",
+           "precision_level"]
