@@ -157,6 +157,8 @@ def main(args) -> int:
     print()
     print("== speed (ms, median) and peak extra memory (MiB); ratios are LLA / other ==")
     _print_table(rows)
+    by_ridge = _ridge_table(triton_lla, B, H, 512 if quick else 4096, 64 if quick else 128,
+                            [0.1, LAM] if quick else [0.01, 0.1, 1.0, 3.0, LAM, 100.0])
     acc = {}
     acc_shapes = [(256, 64, B, H)] if quick else [(1024, 128, B, H), (4096, 128, 1, 2)]   # float64 autograd memory
     for T, D, Ba, Ha in acc_shapes:
@@ -178,8 +180,40 @@ def main(args) -> int:
         print(f"{key:40s} {txt}")
     if getattr(args, "out", None):
         with open(args.out, "w") as fh:
-            json.dump({"rows": rows, "accuracy": acc, "ridge": LAM, "batch_heads": B * H}, fh, indent=1)
+            json.dump({"rows": rows, "accuracy": acc, "ridge": LAM, "batch_heads": B * H,
+                       "by_ridge": by_ridge}, fh, indent=1)
     return 0
+
+
+def _ridge_table(triton_lla, B, H, T, D, lams):
+    """Our kernel's cost by ridge: smaller λ makes the systems worse conditioned, so the kernel
+    raises its precision level (triton_lla.precision_level) and CG needs more iterations."""
+    import torch
+    print()
+    print(f"== our LLA by ridge (T={T}, D={D}, batch x heads {B * H}); ratio to λ={LAM} ==")
+    print(f"{'ridge':>8} {'prec':>4} {'fwd ms':>8} {'f+b ms':>8} {'f+b ratio':>9} {'CG it. fwd mean/max':>20}")
+    out = []
+    for lam in lams:
+        f = lambda q, k, v, r, lam=lam: triton_lla.lla(q, k, v, ridge=lam)
+        try:
+            t = _time_one(f, B, H, T, D, fast=False)
+        except Exception as e:  # noqa: BLE001
+            print(f"{lam:8g} failed: {type(e).__name__}: {str(e)[:80]}")
+            continue
+        q, k, v, _ = _inputs(B, H, T, D)
+        lt = torch.full((B * H, T), lam, device="cuda")
+        qq, kk, vv = (x.reshape(B * H, T, D).contiguous() for x in (q, k, v))
+        its = triton_lla.lla_forward(qq, kk, vv, lt, D ** -0.5, triton_lla.DEFAULTS["tol"],
+                                     triton_lla.DEFAULTS["max_iter"], triton_lla.DEFAULTS["jacobi"])[3]
+        out.append({"ridge": lam, "prec": triton_lla.precision_level(lam), "fwd": t["fwd"],
+                    "fwdbwd": t["fwdbwd"], "cg_fwd": [float(its.float().mean()), int(its.max())]})
+        torch.cuda.empty_cache()
+    base = next((r["fwdbwd"] for r in out if r["ridge"] == LAM), None)
+    for r in out:
+        ratio = f"{r['fwdbwd'] / base:8.2f}x" if base else "      -"
+        print(f"{r['ridge']:8g} {r['prec']:4d} {r['fwd']:8.3f} {r['fwdbwd']:8.3f} {ratio:>9} "
+              f"{r['cg_fwd'][0]:13.1f}/{r['cg_fwd'][1]}")
+    return out
 
 
 def _fmt(x, nd=3):
