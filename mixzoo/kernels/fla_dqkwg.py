@@ -38,7 +38,7 @@ def chunk_bwd_dqkwg_torch(q, k, v, do, h, dh, w=None, g=None, g_gamma=None, dv=N
     if g is None or g_gamma is not None or cu_seqlens is not None:
         raise ValueError("chunk_bwd_dqkwg_torch: only the gated (g), fixed-length case")
     B, T, H, K = k.shape
-    HV, V = v.shape[2], v.shape[3]
+    HV = v.shape[2]
     BT = chunk_size
     NT = -(-T // BT)
     Tp = NT * BT
