@@ -2,6 +2,7 @@
 # The GPU measurements of the README and the issue notes, as run on the lent GPU machine
 # (run from the repository root, with the pure-Python wheels in .whl/ and $OUT set):
 #   bash scripts/gpu-session.sh setup-only | mixers | throughput | kernels | sweep
+# (mixers: K=EXPR selects tests as pytest -k does)
 # Several parts may run at once on a two-GPU machine: GPU=0/1 selects the device.
 set -o pipefail
 export PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=${GPU:-0}
@@ -20,7 +21,7 @@ case $1 in
   setup-only) nvidia-smi | tee $log ;;
   mixers)
     MIXZOO_BENCH_OUT=$OUT/mixers.json timeout ${T:-450} python3 -m pytest -q -m gpu -rA -s \
-      tests/gpu/test_mixers_gpu.py 2>&1 | grep --line-buffered -v -i "warn" | tee $log | tail -60
+      ${K:+-k "$K"} tests/gpu/test_mixers_gpu.py 2>&1 | grep --line-buffered -v -i "warn" | tee $log | tail -60
     timeout ${T2:-120} python3 benchmarks/gdn_paths.py 2>&1 | tee -a $log ;;
   throughput)
     MIXZOO_BENCH_MIXERS=${MIXERS:-softmax,gdn,gla} timeout ${T:-540} python3 -m mixzoo bench throughput \

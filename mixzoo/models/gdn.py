@@ -98,8 +98,10 @@ class GatedDeltaNet(nn.Module):
         g, beta = g.transpose(1, 2), beta.transpose(1, 2)                                     # (B, H, T)
         fast, self.backend = self._fast(x)
         if fast is not None:
-            tt = lambda t: t.transpose(1, 2).contiguous()
-            o = fast(tt(q), tt(k), tt(v), g=tt(g), beta=tt(beta), scale=self.dh ** -0.5)[0]
+            # fla's kernels want q, k, v in one dtype (under autocast the l2norm leaves q, k in fp32)
+            tt = lambda t: t.transpose(1, 2).to(v.dtype).contiguous()
+            o = fast(tt(q), tt(k), tt(v), g=g.transpose(1, 2).contiguous(),
+                     beta=beta.transpose(1, 2).contiguous(), scale=self.dh ** -0.5)[0]
             o = o.transpose(1, 2)
         else:
             o = gated_delta_chunk(q, k, v, g, beta, scale=self.dh ** -0.5, chunk=self.chunk)
