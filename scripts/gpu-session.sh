@@ -2,7 +2,7 @@
 # The GPU measurements of the README and the issue notes, as run on the lent GPU machine
 # (run from the repository root, with the pure-Python wheels in .whl/ and $OUT set):
 #   bash scripts/gpu-session.sh setup-only | mixers | throughput | kernels | sweep
-# (mixers: K=EXPR selects tests as pytest -k does)
+# (mixers: K=EXPR selects tests as pytest -k does; scripts: SCRIPTS="a.py b.py")
 # Several parts may run at once on a two-GPU machine: GPU=0/1 selects the device.
 set -o pipefail
 export PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=${GPU:-0}
@@ -38,5 +38,7 @@ case $1 in
     echo "sweep wall $(( $(date +%s) - t0 )) s" | tee -a $log
     python3 -m mixzoo --results $OUT/res leaderboard show 2>&1 | tail -20 | tee -a $log
     (cd $OUT && tar czf res.tgz res && rm -rf res) ;;
+  scripts)   # SCRIPTS="a.py b.py" run one after the other, each within T seconds
+    for f in ${SCRIPTS}; do timeout ${T:-150} python3 $f 2>&1 | grep --line-buffered -v -i "warn" | tee -a $log; done ;;
   *) echo "unknown part $1"; exit 2 ;;
 esac

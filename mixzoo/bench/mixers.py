@@ -8,6 +8,7 @@ width 32, for a smoke run on a CPU in seconds.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -101,7 +102,8 @@ def main(args) -> int:
           f"median of {shape['iters']} steps after {shape['warmup']} warm-up", flush=True)
     log = lambda r: print(f"  {r['mechanism']}: " + (r.get("error") or f"{r['ms']:.2f} ms ({r['backend']})"),
                           file=sys.stderr, flush=True)
-    rows = bench_mixers(device=device, log=log, **shape)
+    names = [n for n in os.environ.get("MIXZOO_BENCH_MIXERS", "").split(",") if n] or None
+    rows = bench_mixers(names, device=device, log=log, **shape)
     print(format_table(rows))
     if getattr(args, "out", None):
         with open(args.out, "w") as f:
