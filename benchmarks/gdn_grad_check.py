@@ -18,7 +18,7 @@ from mixzoo.models.gdn import GatedDeltaNet
 def grads(backend, dtype, autocast, x0, w0):
     torch.manual_seed(0)
     m = GatedDeltaNet(64, num_heads=2, backend=backend).cuda().to(dtype)
-    x = x0.to(dtype).requires_grad_()
+    x = x0.to(dtype).clone().requires_grad_()
     ctx = torch.autocast("cuda", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
     with ctx:
         y = m(x)

@@ -51,6 +51,8 @@ def test_matches_autograd_of_the_chunk_equations(T, BT, H, HV):
     rq, rk, rw, rg = _oracle(q, k, v, do, h, dh, w, dv, g_nat, scale, BT)
     for name, a, b in (("dq", dq, rq), ("dk", dk, rk), ("dw", dw, rw), ("dg", dg, rg)):
         assert a.shape == b.shape, name
+        # fla's next kernels read these by raw offsets: they must be dense, not strided views
+        assert a.is_contiguous(), f"{name} is a strided view (T={T}, chunk {BT})"
         err = (a.double() - b).abs().max() / b.abs().max()
         assert err < 1e-5, f"{name}: relative error {err:.2e}"
 

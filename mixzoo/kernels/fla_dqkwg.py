@@ -101,7 +101,10 @@ def chunk_bwd_dqkwg_torch(q, k, v, do, h, dh, w=None, g=None, g_gamma=None, dv=N
         dw = -(chunks(dv).to(v.dtype).to(f32) @ hh.transpose(-1, -2))
         dw = unchunk(dw).to(w.dtype)
     dg = dg.transpose(2, 3).reshape(B, Tp, HV)[:, :T]
-    return dq.to(q.dtype), dk.to(k.dtype), dw, dg.contiguous()
+    # fla's later kernels index these as contiguous (B, T, H, K) arrays: a partial last chunk
+    # leaves the [:, :T] slices strided, so copy them out
+    return (dq.to(q.dtype).contiguous(), dk.to(k.dtype).contiguous(),
+            None if dw is None else dw.contiguous(), dg.contiguous())
 
 
 def triton_refused() -> bool:
