@@ -194,3 +194,32 @@ def test_mesa_core_decayed_prefix_matches_the_quadratic_form():
         hvk = torch.einsum("ij,...jd,...je->...ide", w, v, k)
         ref = (hvk @ torch.linalg.solve(hkk, q.unsqueeze(-1))).squeeze(-1)
         assert torch.allclose(mesa_core(q, k, v, ridge=0.1, decay=decay), ref, atol=1e-10)
+
+
+def test_lla_precision_level_without_per_step_device_reads(monkeypatch):
+    """The kernel's precision level: for a fixed ridge computed once per change of the stored
+    value; for a learned ridge from the previous step's min λ (halved), never read synchronously
+    after the first step."""
+    pytest.importorskip("triton")
+    import math
+
+    from mixzoo.kernels.lla import triton_lla
+    from mixzoo.models.lla import MIN_LEARNED_RIDGE, LocalLinearAttention
+    calls = []
+    real = triton_lla.precision_level
+    monkeypatch.setattr(triton_lla, "precision_level", lambda x: calls.append(x) or real(x))
+
+    m = LocalLinearAttention(16, num_heads=2, ridge=0.5)
+    assert m.precision(m.ridge()) == real(0.5) and m.precision(m.ridge()) == real(0.5)
+    assert len(calls) == 1                                   # cached while the ridge is unchanged
+    with torch.no_grad():
+        m.ridge_raw.fill_(math.log(math.expm1(20.0)))        # e.g. a loaded checkpoint
+    assert m.precision(m.ridge()) == real(20.0) == 0 and len(calls) == 2
+
+    m = LocalLinearAttention(16, num_heads=2, ridge=20.0, learn_ridge=True)
+    assert m.precision(m.ridge()) == real(10.0)              # first step: halved margin
+    with torch.no_grad():
+        m.ridge_raw.fill_(-20.0)                             # λ -> floor
+    assert float(m.ridge().min()) == pytest.approx(MIN_LEARNED_RIDGE)
+    assert m.precision(m.ridge()) == real(10.0)              # one step behind
+    assert m.precision(m.ridge()) == real(0.5 * MIN_LEARNED_RIDGE) == 3

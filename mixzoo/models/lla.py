@@ -2,7 +2,14 @@
 
 The exact estimator (``mixzoo.kernels.lla.lla_reference``) runs everywhere; on a GPU the
 Triton kernel of ``mixzoo.kernels.lla`` is used when it is present and ``backend="auto"``.
-The ridge λ is a fixed knob, or learned per head (softplus, initialized at ``ridge``).
+The ridge λ is a fixed knob, or learned per head (softplus, initialized at ``ridge``, kept at or
+above ``MIN_LEARNED_RIDGE``, the smallest λ the kernel is tested at).
+
+The kernel compiles a precision level from the smallest λ of a launch (smaller λ, worse
+conditioned systems, more careful arithmetic). Reading λ from the device every step would stall
+the host, so the level is worked out without that: for a fixed ridge once per change of the stored
+value (tracked by the parameter's version counter), for a learned ridge from a copy of min λ taken
+asynchronously at the previous step and halved as a margin.
 """
 from __future__ import annotations
 
@@ -20,6 +27,9 @@ from .common import merge_heads, rope, split_heads
 def lla_core(q, k, v, *, ridge: float = 1.0, scale=None):
     """Causal LLA on (..., T, D) inputs; the exact solve."""
     return lla_reference(q, k, v, ridge=ridge, scale=scale)
+
+
+MIN_LEARNED_RIDGE = 1e-2
 
 
 def _fast_lla():
@@ -54,9 +64,29 @@ class LocalLinearAttention(nn.Module):
         init = math.log(math.expm1(ridge))           # softplus^{-1}(ridge)
         self.ridge_raw = nn.Parameter(torch.full((num_heads,), init), requires_grad=learn_ridge)
         self.backend = "torch"
+        self._level_key, self._level, self._lam_host = None, None, None
 
     def ridge(self) -> torch.Tensor:
-        return F.softplus(self.ridge_raw)
+        lam = F.softplus(self.ridge_raw)
+        return lam.clamp_min(MIN_LEARNED_RIDGE) if self.ridge_raw.requires_grad else lam
+
+    @torch.compiler.disable
+    def precision(self, lam: torch.Tensor) -> int:
+        """The kernel's precision level for ridge ``lam`` without a per-step device read."""
+        from ..kernels.lla.triton_lla import precision_level
+        raw = self.ridge_raw
+        if not raw.requires_grad:
+            key = (raw._version, raw.data_ptr())
+            if key != self._level_key:      # first call, or the stored ridge was overwritten
+                self._level_key, self._level = key, precision_level(float(lam.detach().min()))
+            return self._level
+        low = lam.detach().min().float()
+        if self._lam_host is None:          # first step: one read
+            self._lam_host = torch.empty((), pin_memory=low.is_cuda)
+            self._lam_host.copy_(low)
+        level = precision_level(0.5 * float(self._lam_host))
+        self._lam_host.copy_(low, non_blocking=True)   # lands by the next step; read then
+        return level
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = (split_heads(t, self.h) for t in self.qkv(x).chunk(3, dim=-1))
@@ -68,7 +98,7 @@ class LocalLinearAttention(nn.Module):
             raise RuntimeError("lla: backend='triton' asked for but the kernel is unavailable")
         if fast is not None:
             self.backend = "triton"
-            o = fast(q, k, v, ridge=lam.expand(x.shape[0], -1, x.shape[1]))
+            o = fast(q, k, v, ridge=lam.expand(x.shape[0], -1, x.shape[1]), prec=self.precision(lam))
         else:
             self.backend = "torch"
             o = lla_reference(q, k, v, ridge=lam)
