@@ -92,6 +92,9 @@ def _sync(dev):
         torch.cuda.synchronize(dev)
 
 
+BACKENDS: dict[str, str] = {}      # mechanism -> the backend its trainer runs used (for the table)
+
+
 def trainer_rate(shape: str, mixer: str, device: str, steps: int, warmup: int, compile_mode: str,
                  sparse_head: bool = True) -> float:
     """Steps/s of mixzoo's trainer between its first validation (after warm-up) and its last."""
@@ -103,6 +106,7 @@ def trainer_rate(shape: str, mixer: str, device: str, steps: int, warmup: int, c
     # one evaluation at the end of warm-up and one at the end: rate over the steps between
     cfg.eval_every = warmup if steps % warmup == 0 else math.gcd(warmup, steps)
     res = train(task, mixer, {}, mcfg, cfg, seed=0, device=device, data=data)
+    BACKENDS[mixer] = getattr(res, "backend", "?")
     h = res.history
     first = next(x for x in h if x["step"] >= warmup)
     last = h[-1]
@@ -200,7 +204,7 @@ def main(args) -> int:
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         eager = next((x["plain"] for x in rows if x["mixer"] == r["mixer"] and x["compile"] == "off"), float("nan"))
-        print(f"| {r['shape']} | {r['mixer']} | {r['compile']} | {r['plain']:.1f} | {r['mixzoo']:.1f} | "
+        print(f"| {r['shape']} | {r['mixer']} ({BACKENDS.get(r['mixer'], '?')}) | {r['compile']} | {r['plain']:.1f} | {r['mixzoo']:.1f} | "
               f"{r['mixzoo'] / r['plain']:.2f}x | {r['mixzoo'] / eager:.2f}x |")
     print(f"\npacking ({tiny} shape, softmax): 1 process {single:.1f} steps/s, {procs} processes "
           f"{packed:.1f} steps/s aggregate = {packed / single:.2f}x")

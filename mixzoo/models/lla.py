@@ -32,6 +32,12 @@ def lla_core(q, k, v, *, ridge: float = 1.0, scale=None):
 MIN_LEARNED_RIDGE = 1e-2
 
 
+def _eager(fn):
+    """``fn`` kept out of torch.compile graphs (host-side bookkeeping); imported lazily, since
+    torch's compiler pulls in triton."""
+    return torch.compiler.disable(fn)
+
+
 def _fast_lla():
     """The Triton kernel's entry point, or None where it is absent or cannot run."""
     try:
@@ -70,7 +76,6 @@ class LocalLinearAttention(nn.Module):
         lam = F.softplus(self.ridge_raw)
         return lam.clamp_min(MIN_LEARNED_RIDGE) if self.ridge_raw.requires_grad else lam
 
-    @torch.compiler.disable
     def precision(self, lam: torch.Tensor) -> int:
         """The kernel's precision level for ridge ``lam`` without a per-step device read."""
         from ..kernels.lla.triton_lla import precision_level
@@ -98,7 +103,7 @@ class LocalLinearAttention(nn.Module):
             raise RuntimeError("lla: backend='triton' asked for but the kernel is unavailable")
         if fast is not None:
             self.backend = "triton"
-            o = fast(q, k, v, ridge=lam.expand(x.shape[0], -1, x.shape[1]), prec=self.precision(lam))
+            o = fast(q, k, v, ridge=lam.expand(x.shape[0], -1, x.shape[1]), prec=_eager(self.precision)(lam))
         else:
             self.backend = "torch"
             o = lla_reference(q, k, v, ridge=lam)
