@@ -3,10 +3,10 @@ gradients as the full head, and the same training run up to float rounding."""
 import torch
 
 from mixzoo.models import ModelConfig, build_model
+from mixzoo.tasks.base import Batch
 from mixzoo.tasks.mqar import MQAR
 from mixzoo.train import TrainConfig, train
 from mixzoo.train.loop import loss_fn, supervised_positions
-from mixzoo.tasks.base import Batch
 
 
 def test_supervised_positions_cover_every_target():

@@ -204,7 +204,8 @@ def main(args) -> int:
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         eager = next((x["plain"] for x in rows if x["mixer"] == r["mixer"] and x["compile"] == "off"), float("nan"))
-        print(f"| {r['shape']} | {r['mixer']} ({BACKENDS.get(r['mixer'], '?')}) | {r['compile']} | {r['plain']:.1f} | {r['mixzoo']:.1f} | "
+        name = f"{r['mixer']} ({BACKENDS.get(r['mixer'], '?')})"
+        print(f"| {r['shape']} | {name} | {r['compile']} | {r['plain']:.1f} | {r['mixzoo']:.1f} | "
               f"{r['mixzoo'] / r['plain']:.2f}x | {r['mixzoo'] / eager:.2f}x |")
     print(f"\npacking ({tiny} shape, softmax): 1 process {single:.1f} steps/s, {procs} processes "
           f"{packed:.1f} steps/s aggregate = {packed / single:.2f}x")

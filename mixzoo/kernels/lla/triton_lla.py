@@ -37,8 +37,8 @@ relative 2^-9. A small ridge amplifies that: along directions where Σ a (k - k�
 (|y| ~ 5e3 at λ = 0.01 with peaked attention), e = y.k - y.k̄ cancels, an error in h or a CG residual reaches ν
 through C⁻¹ ~ 1/λ, and dk multiplies f = ν.(k - k̄) by y. Where that matters a computed operand x goes through
 the matmul as hi + lo = bf16(x) + bf16(x - bf16(x)) (~2^-17 relative; the other operand, an input, is exact),
-or in three parts (~2^-25). A constexpr level PREC, chosen on the host from the smallest λ (``PREC_BELOW``; ``lla(prec=...)``, by default
-from λ.min(), a device read: the ``lla`` mechanism passes it without one), switches
+or in three parts (~2^-25). A constexpr level PREC, chosen on the host from the smallest λ (``PREC_BELOW``;
+``lla(prec=...)``, by default from λ.min(), a device read: the ``lla`` mechanism passes it without one), switches
 this on only where it was measured to be needed (benchmarks/lla_small_ridge.py: Triton interpreter patched to
 round like the GPU, errors against the float64 reference; per-flag ablations at λ = 0.01 and λ = 1, q x 4):
   PREC 0, λ >= 10: as measured on the H200 (same PTX, compiled offline for sm_90a): hi + lo only for y and
