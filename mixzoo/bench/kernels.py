@@ -179,9 +179,9 @@ def main(args) -> int:
                         for n, r in res.items())
         print(f"{key:40s} {txt}")
     if getattr(args, "out", None):
-        with open(args.out, "w") as fh:
-            json.dump({"rows": rows, "accuracy": acc, "ridge": LAM, "batch_heads": B * H,
-                       "by_ridge": by_ridge}, fh, indent=1)
+        from ..leaderboard.export import write_atomic
+        write_atomic(args.out, json.dumps({"rows": rows, "accuracy": acc, "ridge": LAM, "batch_heads": B * H,
+                                           "by_ridge": by_ridge}, indent=1))
     return 0
 
 

@@ -106,7 +106,7 @@ def main(args) -> int:
     rows = bench_mixers(names, device=device, log=log, **shape)
     print(format_table(rows))
     if getattr(args, "out", None):
-        with open(args.out, "w") as f:
-            json.dump({"rows": rows, "torch": torch.__version__, "device_name": where}, f, indent=1)
+        from ..leaderboard.export import write_atomic
+        write_atomic(args.out, json.dumps({"rows": rows, "torch": torch.__version__, "device_name": where}, indent=1))
         print(f"written {args.out}")
     return 1 if any("error" in r for r in rows) else 0

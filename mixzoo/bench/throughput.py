@@ -127,7 +127,8 @@ def _worker(argv: list[str]) -> None:
     t = time.time()
     res = train(task, mixer, {}, mcfg, TrainConfig(steps=int(steps), batch_size=s["batch_size"], eval_every=int(steps)),
                 seed=0, device=device, data=data)
-    Path(out).write_text(json.dumps({"t0": t, "t1": time.time(), "steps": res.steps, "rate": res.steps_per_s}))
+    from ..leaderboard.export import write_atomic
+    write_atomic(out, json.dumps({"t0": t, "t1": time.time(), "steps": res.steps, "rate": res.steps_per_s}))
 
 
 def packed_rate(shape: str, mixer: str, device: str, steps: int, warmup: int, procs: int) -> float:
@@ -191,12 +192,14 @@ def main(args) -> int:
             except Exception as e:            # one mechanism/mode failing must not lose the others
                 print(f"  {shape:<6} {mixer:<8} compile={mode:<16} FAILED: {type(e).__name__}: {e}"[:300], flush=True)
                 continue
-            rows.append(dict(shape=shape, mixer=mixer, compile=mode, plain=p, mixzoo=t))
+            rows.append(dict(shape=shape, mixer=mixer, compile=mode, plain=p, mixzoo=t,
+                             backend=BACKENDS.get(mixer, "?")))
             print(f"  {shape:<6} {mixer:<8} compile={mode:<16} plain {p:8.1f} steps/s  mixzoo {t:8.1f} steps/s", flush=True)
             if mixer == mixers[0] and mode == "off":
                 # the harness alone: the same loss path as the plain loop (vocabulary head everywhere)
                 t = trainer_rate(shape, mixer, device, steps, warmup, mode, sparse_head=False)
-                rows.append(dict(shape=shape, mixer=mixer, compile="off, full head", plain=p, mixzoo=t))
+                rows.append(dict(shape=shape, mixer=mixer, compile="off, full head", plain=p, mixzoo=t,
+                                 backend=BACKENDS.get(mixer, "?")))
                 print(f"  {shape:<6} {mixer:<8} compile=off full head    plain {p:8.1f} steps/s  mixzoo {t:8.1f} steps/s",
                       flush=True)
     base = next((r["plain"] for r in rows if r["compile"] == "off"), float("nan"))
@@ -222,7 +225,8 @@ def main(args) -> int:
         print(f"  {mixer:<8} {rate:8.1f} steps/s -> {mad_projection(rate):8.1f} device-hours single process, "
               f"{mad_projection(rate * packed / single):8.1f} if packing x{procs} gains as on the {tiny} shape")
     if args.out:
-        Path(args.out).write_text(json.dumps({"rows": rows, "single": single, "packed": packed, "procs": procs,
+        from ..leaderboard.export import write_atomic
+        write_atomic(args.out, json.dumps({"rows": rows, "single": single, "packed": packed, "procs": procs,
                                               "base_plain": base, "mad_rates": mad_rates}, indent=1))
     return 0
 
