@@ -146,12 +146,7 @@ def main(args) -> int:
                 except Exception as e:  # noqa: BLE001
                     row[name] = {"skip": f"{type(e).__name__}: {str(e)[:80]}"}
                 torch.cuda.empty_cache()
-            q, k, v, _ = _inputs(B, H, T, D)
-            lam = torch.full((B * H, T), LAM, device="cuda")
-            qq, kk, vv = (t.reshape(B * H, T, D).contiguous() for t in (q, k, v))
-            _, y, lse, its = triton_lla.lla_forward(qq, kk, vv, lam, D ** -0.5, triton_lla.DEFAULTS["tol"],
-                                                    triton_lla.DEFAULTS["max_iter"], triton_lla.DEFAULTS["jacobi"])
-            row["cg_fwd"] = [float(its.float().mean()), int(its.max())]
+            row["cg_fwd"] = _cg_iters(triton_lla, B, H, T, D, LAM)
             rows.append(row)
             _print_row(row)
     print()
@@ -185,6 +180,17 @@ def main(args) -> int:
     return 0
 
 
+def _cg_iters(triton_lla, B, H, T, D, lam):
+    """Our forward's CG iterations per query tile on the benchmark inputs: [mean, max]."""
+    import torch
+    q, k, v, _ = _inputs(B, H, T, D)
+    qq, kk, vv = (x.reshape(B * H, T, D).contiguous() for x in (q, k, v))
+    its = triton_lla.lla_forward(qq, kk, vv, torch.full((B * H, T), lam, device="cuda"), D ** -0.5,
+                                 triton_lla.DEFAULTS["tol"], triton_lla.DEFAULTS["max_iter"],
+                                 triton_lla.DEFAULTS["jacobi"])[3]
+    return [float(its.float().mean()), int(its.max())]
+
+
 def _ridge_table(triton_lla, B, H, T, D, lams):
     """Our kernel's cost by ridge: smaller λ makes the systems worse conditioned, so the kernel
     raises its precision level (triton_lla.precision_level) and CG needs more iterations."""
@@ -200,13 +206,8 @@ def _ridge_table(triton_lla, B, H, T, D, lams):
         except Exception as e:  # noqa: BLE001
             print(f"{lam:8g} failed: {type(e).__name__}: {str(e)[:80]}")
             continue
-        q, k, v, _ = _inputs(B, H, T, D)
-        lt = torch.full((B * H, T), lam, device="cuda")
-        qq, kk, vv = (x.reshape(B * H, T, D).contiguous() for x in (q, k, v))
-        its = triton_lla.lla_forward(qq, kk, vv, lt, D ** -0.5, triton_lla.DEFAULTS["tol"],
-                                     triton_lla.DEFAULTS["max_iter"], triton_lla.DEFAULTS["jacobi"])[3]
         out.append({"ridge": lam, "prec": triton_lla.precision_level(lam), "fwd": t["fwd"],
-                    "fwdbwd": t["fwdbwd"], "cg_fwd": [float(its.float().mean()), int(its.max())]})
+                    "fwdbwd": t["fwdbwd"], "cg_fwd": _cg_iters(triton_lla, B, H, T, D, lam)})
         torch.cuda.empty_cache()
     base = next((r["fwdbwd"] for r in out if r["ridge"] == LAM), None)
     for r in out:

@@ -207,7 +207,7 @@ def main(args) -> int:
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         eager = next((x["plain"] for x in rows if x["mixer"] == r["mixer"] and x["compile"] == "off"), float("nan"))
-        name = f"{r['mixer']} ({BACKENDS.get(r['mixer'], '?')})"
+        name = f"{r['mixer']} ({r['backend']})"
         print(f"| {r['shape']} | {name} | {r['compile']} | {r['plain']:.1f} | {r['mixzoo']:.1f} | "
               f"{r['mixzoo'] / r['plain']:.2f}x | {r['mixzoo'] / eager:.2f}x |")
     print(f"\npacking ({tiny} shape, softmax): 1 process {single:.1f} steps/s, {procs} processes "

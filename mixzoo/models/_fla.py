@@ -75,15 +75,22 @@ def triton_op(module: str, fn: str):
 @functools.cache
 def gated_chunk_backward_ok() -> bool:
     """Whether fla's gated chunk backward (used by chunk_gated_delta_rule and chunk_simple_gla)
-    gives correct gradients here: fla refuses Triton 3.4 <= v < 3.7.1 on Hopper GPUs."""
+    runs here as fla ships it: a GPU, and not Hopper with 3.4 <= Triton < 3.7.1 (fla refuses)."""
     import torch
-    if not torch.cuda.is_available():
-        return False
-    try:
-        import triton
-        from packaging.version import Version
-        v = Version(triton.__version__.split("+")[0])
-    except Exception:
-        return False
-    hopper = torch.cuda.get_device_capability()[0] == 9
-    return not (hopper and Version("3.4.0") <= v < Version("3.7.1"))
+
+    from ..kernels.fla_dqkwg import triton_refused
+    return torch.cuda.is_available() and not triton_refused()
+
+
+def gated_chunk_op(module: str, fn: str):
+    """fla's gated chunk entry point and a backend-name suffix: ``(op, "")`` where its backward
+    runs as shipped, ``(op, "+torch-dqkwg")`` where fla refuses its ``chunk_bwd_dqkwg`` kernel
+    and mixzoo's replacement (``mixzoo.kernels.fla_dqkwg``) is installed, else ``(None, "")``.
+    Call only for CUDA inputs."""
+    op = triton_op(module, fn)
+    if op is None:
+        return None, ""
+    if gated_chunk_backward_ok():
+        return op, ""
+    from ..kernels.fla_dqkwg import install
+    return (op, "+torch-dqkwg") if install() else (None, "")

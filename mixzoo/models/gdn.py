@@ -73,20 +73,12 @@ class GatedDeltaNet(nn.Module):
         """fla's chunk kernel and the backend name, or (None, "torch-chunk")."""
         if not x.is_cuda or self.requested == "torch":
             return None, "torch-chunk"
-        fn = _fla.triton_op("fla.ops.gated_delta_rule", "chunk_gated_delta_rule")
+        fn, suffix = _fla.gated_chunk_op("fla.ops.gated_delta_rule", "chunk_gated_delta_rule")
         if fn is None:
             if self.requested == "fla":
-                raise RuntimeError("gdn: backend='fla' asked for but fla's Triton kernel is unavailable")
+                raise RuntimeError("gdn: backend='fla' asked for but fla's chunk kernel cannot run here")
             return None, "torch-chunk"
-        if _fla.gated_chunk_backward_ok():
-            return fn, "fla-chunk"
-        from ..kernels.fla_dqkwg import install
-        if install():
-            return fn, "fla-chunk+torch-dqkwg"
-        if self.requested == "fla":
-            raise RuntimeError("gdn: fla's gated backward is refused here and its replacement "
-                               "could not be installed")
-        return None, "torch-chunk"
+        return fn, "fla-chunk" + suffix
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         d = x.shape[-1]

@@ -13,6 +13,7 @@ asynchronously at the previous step and halved as a margin.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -32,10 +33,11 @@ def lla_core(q, k, v, *, ridge: float = 1.0, scale=None):
 MIN_LEARNED_RIDGE = 1e-2
 
 
-def _eager(fn):
-    """``fn`` kept out of torch.compile graphs (host-side bookkeeping); imported lazily, since
-    torch's compiler pulls in triton."""
-    return torch.compiler.disable(fn)
+@functools.cache
+def _precision_eager():
+    """``LocalLinearAttention.precision`` kept out of torch.compile graphs (host-side
+    bookkeeping); made on first use, since torch's compiler pulls in triton."""
+    return torch.compiler.disable(LocalLinearAttention.precision)
 
 
 def _fast_lla():
@@ -103,7 +105,7 @@ class LocalLinearAttention(nn.Module):
             raise RuntimeError("lla: backend='triton' asked for but the kernel is unavailable")
         if fast is not None:
             self.backend = "triton"
-            o = fast(q, k, v, ridge=lam.expand(x.shape[0], -1, x.shape[1]), prec=_eager(self.precision)(lam))
+            o = fast(q, k, v, ridge=lam.expand(x.shape[0], -1, x.shape[1]), prec=_precision_eager()(self, lam))
         else:
             self.backend = "torch"
             o = lla_reference(q, k, v, ridge=lam)

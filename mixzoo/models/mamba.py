@@ -109,12 +109,8 @@ class Mamba(nn.Module):
         q = Cm.float().unsqueeze(2).expand(B, T, self.h, self.N)
         fn = None
         if x.is_cuda and self.requested != "torch" and negm is None:
-            fn = _fla.triton_op("fla.ops.simple_gla", "chunk_simple_gla")
-            name = "fla-simple-gla"
-            if fn is not None and not _fla.gated_chunk_backward_ok():
-                # fla refuses one gated backward kernel here: run it with mixzoo's replacement
-                from ..kernels.fla_dqkwg import install
-                fn, name = (fn, name + "+torch-dqkwg") if install() else (None, name)
+            fn, suffix = _fla.gated_chunk_op("fla.ops.simple_gla", "chunk_simple_gla")
+            name = "fla-simple-gla" + suffix
         if self.requested == "fla" and fn is None:
             raise RuntimeError("mamba: backend='fla' asked for but fla's chunk_simple_gla cannot run here")
         if fn is not None:
