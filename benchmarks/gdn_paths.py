@@ -1,8 +1,9 @@
 """GDN's GPU paths side by side (one process, same inputs and weights): the PyTorch chunk path
 (triangular solve, chunk 64; matmul-product inverse, chunk 128) and fla's chunk kernels with the
 backward step fla refuses on Hopper/Triton < 3.7.1 replaced by mixzoo's PyTorch version
-(``fla-chunk+torch-dqkwg``). Batch 8, length 1024, width 128, 2 heads, bf16 autocast, forward +
-backward of one GatedDeltaNet layer, median of 20 after warm-up; the last columns compare each
+(``fla-chunk+torch-dqkwg``), with the L2 norm of q and k, the gate and β computed inside
+fla's kernels (the default) or by the layer first. Batch 8, length 1024, width 128, 2 heads,
+bf16 autocast, forward + backward of one GatedDeltaNet layer, median of 20 after warm-up; the last columns compare each
 path's output and input gradient with the first row's.
 
     python benchmarks/gdn_paths.py
@@ -27,16 +28,19 @@ def main():
     gy = torch.randn(8, 1024, 128, device=dev)
     variants = [("torch-chunk triangular c64", "torch", 64, "triangular"),
                 ("torch-chunk product c128", "torch", 128, "product"),
-                ("fla (auto)", "auto", 64, "triangular")]
+                ("fla, norm+gate in kernel", "auto", 64, "triangular"),
+                ("fla, norm+gate computed first", "auto", 64, None)]
     print(f"{'variant':<30} {'backend':<24} {'ms':>8} {'warm-up s':>10} {'rel d(out)':>11} {'rel d(dx)':>10}")
     base = None
     for name, backend, chunk, solve in variants:
         torch.manual_seed(1)
         m = gdn_mod.GatedDeltaNet(128, num_heads=2, chunk_size=chunk, backend=backend).to(dev)
+        m.fused = solve is not None
+        solve = solve or "triangular"
         gdn_mod.gated_delta_chunk = lambda *a, solve=solve, **k: _scan.gated_delta_chunk(*a, solve=solve, **k)
         x = x0.clone().requires_grad_()
 
-        def step():
+        def step(m=m, x=x):
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 y = m(x)
             y.backward(gy.to(y.dtype))
