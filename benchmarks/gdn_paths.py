@@ -28,8 +28,8 @@ def main():
     gy = torch.randn(8, 1024, 128, device=dev)
     variants = [("torch-chunk triangular c64", "torch", 64, "triangular"),
                 ("torch-chunk product c128", "torch", 128, "product"),
-                ("fla, norm+gate in kernel", "auto", 64, "triangular"),
-                ("fla, norm+gate computed first", "auto", 64, None)]
+                ("fla, norm+gate computed first", "auto", 64, None),
+                ("fla, norm+gate in kernel", "auto", 64, "triangular")]
     print(f"{'variant':<30} {'backend':<24} {'ms':>8} {'warm-up s':>10} {'rel d(out)':>11} {'rel d(dx)':>10}")
     base = None
     for name, backend, chunk, solve in variants:

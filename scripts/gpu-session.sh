@@ -3,7 +3,8 @@
 # (run from the repository root, with the pure-Python wheels in .whl/ and $OUT set):
 #   bash scripts/gpu-session.sh setup-only | mixers | throughput | kernels | sweep
 # (mixers: K=EXPR selects tests as pytest -k does; scripts: SCRIPTS="a.py b.py")
-# Several parts may run at once on a two-GPU machine: GPU=0/1 selects the device.
+# Several parts may run at once on a two-GPU machine (run setup-only first): GPU=0/1 selects the
+# device, TAG=-x names that run's log, JSON and caches apart.
 set -o pipefail
 export PYTHONUNBUFFERED=1 CUDA_VISIBLE_DEVICES=${GPU:-0}
 site=/tmp/site
@@ -12,15 +13,15 @@ export PYTHONPATH=$site:$PWD
 # Triton's compile cache with autotune results, kept between lent machines: .gpu/tc.tgz and
 # .gpu/at-*.tgz (carried) are unpacked first; each part packs its autotune results (the full
 # cache is too large to bring back) into $OUT/at-PART.tgz when it ends
-export TRITON_CACHE_DIR=$PWD/.triton-cache/$1 TRITON_CACHE_AUTOTUNING=1
+export TRITON_CACHE_DIR=$PWD/.triton-cache/$1$TAG TRITON_CACHE_AUTOTUNING=1
 mkdir -p $TRITON_CACHE_DIR
 for f in .gpu/tc.tgz .gpu/at-*.tgz; do [ -f $f ] && tar xzf $f -C $TRITON_CACHE_DIR; done
-trap "cd $TRITON_CACHE_DIR && find . -name '*.autotune.json' | tar czf $OUT/at-$1.tgz -T -" EXIT
-log=$OUT/$1.log
+trap "cd $TRITON_CACHE_DIR && find . -name '*.autotune.json' | tar czf $OUT/at-$1$TAG.tgz -T -" EXIT
+log=$OUT/$1$TAG.log
 case $1 in
   setup-only) nvidia-smi | tee $log ;;
   mixers)
-    MIXZOO_BENCH_OUT=$OUT/mixers.json timeout ${T:-450} python3 -m pytest -q -m gpu -rA -s \
+    MIXZOO_BENCH_OUT=$OUT/mixers$TAG.json timeout ${T:-450} python3 -m pytest -q -m gpu -rA -s --durations=5 \
       ${K:+-k "$K"} tests/gpu/test_mixers_gpu.py 2>&1 | grep --line-buffered -v -i "warn" | tee $log | tail -60
     timeout ${T2:-120} python3 benchmarks/gdn_paths.py 2>&1 | tee -a $log ;;
   throughput)
