@@ -5,7 +5,10 @@ with finite values at odd and even lengths, is causal (changing inputs after pos
 changes outputs up to t), sends a gradient to every trainable parameter, is deterministic,
 names its path in ``backend``, and lowers a loss in a few optimizer steps. A registered
 functional core is checked for shape and causality. On a GPU the fast path is compared with
-the reference path (``backend="torch"``) in bf16, forward and gradients.
+the reference path (``backend="torch"``) in bf16, forward and gradients, and a training step
+(forward and backward under bf16 autocast, after two warm-up steps) must not make the host wait
+for the device (``torch.cuda.set_sync_debug_mode``): a per-step sync stalls a launch-bound
+training loop by the device's queued work.
 
 Python: ``check_mixer(name) -> list[CheckResult]``.
 """
@@ -208,6 +211,26 @@ def check_mixer(name: str, *, knobs: dict | None = None, device: str = "cpu", d_
         except Exception as e:
             res("core", False, f"{type(e).__name__}: {e}")
 
+    # host syncs in a training step --------------------------------------------------------------
+    if dev.type != "cuda":
+        skip("host-syncs", "no GPU")
+    else:
+        try:
+            w = torch.randn(B, T, D, generator=g).to(dev)
+
+            def step():
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    yy = m(x)
+                (yy.float() * w).sum().backward()
+            for _ in range(2):
+                step()
+            torch.cuda.synchronize(dev)
+            where = host_syncs(step)
+            res("host-syncs", not where, f"{len(where)} in one forward+backward, first at {where[0]}"
+                if where else "none in one forward+backward (bf16 autocast)")
+        except Exception as e:
+            res("host-syncs", False, f"{type(e).__name__}: {e}")
+
     # fast path vs reference ----------------------------------------------------------------
     if dev.type != "cuda":
         skip("fast-vs-ref", "no GPU")
@@ -217,6 +240,23 @@ def check_mixer(name: str, *, knobs: dict | None = None, device: str = "cpu", d_
         out.append(fast_vs_reference(name, knobs=knobs, device=device, d_model=D, num_heads=num_heads,
                                      batch=B, seq_len=max(T, 64), seed=seed))
     return out
+
+
+def host_syncs(fn) -> list[str]:
+    """Run ``fn()`` with CUDA's sync debugging on; returns where each host sync was asked for
+    ("file:line: message"), empty when the device was never waited for."""
+    import warnings
+
+    import torch
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return [f"{w.filename}:{w.lineno}: {str(w.message).splitlines()[0]}" for w in caught
+            if "synchroniz" in str(w.message)]
 
 
 def fast_vs_reference(name: str, *, knobs: dict | None = None, device: str = "cuda", d_model: int = 32,

@@ -22,7 +22,7 @@ case $1 in
   setup-only) nvidia-smi | tee $log ;;
   mixers)
     MIXZOO_BENCH_OUT=$OUT/mixers$TAG.json timeout ${T:-450} python3 -m pytest -q -m gpu -rA -s --durations=5 \
-      ${K:+-k "$K"} tests/gpu/test_mixers_gpu.py 2>&1 | grep --line-buffered -v -i "warn" | tee $log | tail -60
+      ${K:+-k "$K"} tests/gpu/test_mixers_gpu.py tests/gpu/test_trainer_gpu.py 2>&1 | grep --line-buffered -v -i "warn" | tee $log | tail -60
     timeout ${T2:-120} python3 benchmarks/gdn_paths.py 2>&1 | tee -a $log ;;
   throughput)
     MIXZOO_BENCH_MIXERS=${MIXERS:-softmax,gdn,gla} timeout ${T:-540} python3 -m mixzoo bench throughput \

@@ -89,3 +89,27 @@ def test_gradients_are_clipped():
     finally:
         torch.nn.utils.clip_grad_norm_ = orig
     assert len(norms) == 5 and max(norms) <= 1e-3 * 1.01
+
+
+def test_extra_callbacks_run_before_evaluation_each_step():
+    """train(callbacks=...) adds Lightning callbacks; theirs run before mixzoo's evaluation hook,
+    so a step's own work is bracketed by on_train_batch_start/end (the GPU sync check relies on it)."""
+    import lightning.pytorch as pl
+    seen = []
+
+    class Spy(pl.Callback):
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            seen.append(("start", trainer.global_step))
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            seen.append(("end", trainer.global_step))
+
+    task = MQAR(V=16, L=16, kv=2)
+    evals = []
+    cfg = TrainConfig(steps=6, batch_size=8, eval_every=3, n_train=64, n_val=16, n_test=16)
+    res = train(task, "softmax", {}, ModelConfig(d_model=16, num_heads=2), cfg, seed=0, device="cpu",
+                callbacks=[Spy()], on_eval=lambda step, val: evals.append((step, len(seen))))
+    assert res.state == "COMPLETE" and res.steps == 6
+    assert seen == [(k, s) for i in range(6) for k, s in (("start", i), ("end", i + 1))]
+    # each evaluation (steps 3 and 6) came after the spy's on_train_batch_end of that step
+    assert evals == [(3, 6), (6, 12)]

@@ -120,12 +120,13 @@ def count_params(model: torch.nn.Module) -> int:
 def train(task: Task, mixer: str, knobs: dict[str, Any] | None = None,
           model_cfg: ModelConfig | None = None, cfg: TrainConfig | None = None,
           seed: int = 0, device: str | None = "auto", on_eval: EvalHook | None = None,
-          log: Callable[[str], None] | None = None, data: dict[str, Batch] | None = None
-          ) -> RunResult:
+          log: Callable[[str], None] | None = None, data: dict[str, Batch] | None = None,
+          callbacks: list | None = None) -> RunResult:
     """Train ``mixer`` on ``task`` and score it; returns a RunResult (FAIL on divergence).
 
     ``on_eval(step, val_metrics)`` is called after every validation pass; whatever it raises
-    (e.g. a pruning signal) propagates to the caller.
+    (e.g. a pruning signal) propagates to the caller. ``callbacks``: extra Lightning callbacks,
+    run before mixzoo's own at each hook.
     """
     import lightning.pytorch as pl
     _quiet_lightning()
@@ -232,7 +233,7 @@ def train(task: Task, mixer: str, knobs: dict[str, Any] | None = None,
 
     trainer = pl.Trainer(accelerator="gpu" if dev.type == "cuda" else "cpu", devices=1,
                          max_steps=cfg.steps, max_epochs=1, precision=precision,
-                         barebones=True, callbacks=[Evaluator()])
+                         barebones=True, callbacks=[*(callbacks or []), Evaluator()])
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
     try:
