@@ -256,7 +256,7 @@ def host_syncs(fn) -> list[str]:
         finally:
             torch.cuda.set_sync_debug_mode("default")
     return [f"{w.filename}:{w.lineno}: {str(w.message).splitlines()[0]}" for w in caught
-            if "synchroniz" in str(w.message)]
+            if "called a synchronizing CUDA operation" in str(w.message)]
 
 
 def fast_vs_reference(name: str, *, knobs: dict | None = None, device: str = "cuda", d_model: int = 32,

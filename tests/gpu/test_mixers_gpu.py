@@ -87,6 +87,15 @@ def test_speed_budget(bench_rows, name):
     assert row["ms"] <= BUDGET_MS, f"{name} ({row['backend']}): {row['ms']:.2f} ms > {BUDGET_MS} ms"
 
 
+def test_host_sync_detection():
+    """Control for check-mixer's host-syncs check: a device read is reported, device work is not."""
+    from mixzoo.check import host_syncs
+    x = torch.ones(4, device="cuda")
+    assert host_syncs(lambda: (x * 2).sum()) == []
+    where = host_syncs(lambda: float(x.sum()))
+    assert len(where) == 1, where
+
+
 # fla's MesaNet kernels last: a kernel fault poisons the CUDA context for every later test
 @pytest.mark.parametrize("d_model,seq_len", [(128, 100), (64, 128)])
 def test_mesa_contract_and_fast_path_on_gpu(d_model, seq_len):

@@ -35,23 +35,38 @@ def sync_recorder(after: int):
                 torch.cuda.set_sync_debug_mode("default")
                 self._ctx.__exit__(None, None, None)
                 self._ctx = None
-                self.where += [f"step {trainer.global_step}: {w.filename}:{w.lineno}"
-                               for w in self._caught if "synchroniz" in str(w.message)]
+                self.where += [f"step {trainer.global_step}: {w.filename}:{w.lineno}" for w in self._caught
+                               if "called a synchronizing CUDA operation" in str(w.message)]
     return Recorder()
+
+
+def _run(mixer, sparse_head, callbacks):
+    from mixzoo.models import ModelConfig
+    from mixzoo.tasks.mqar import MQAR
+    from mixzoo.train import TrainConfig, train
+    cfg = TrainConfig(steps=8, batch_size=16, eval_every=8, eval_batch_size=16, sparse_head=sparse_head,
+                      n_train=256, n_val=16, n_test=16)
+    return train(MQAR(V=256, L=64, kv=8), mixer, {}, ModelConfig(d_model=64, num_heads=2, n_layers=2), cfg,
+                 seed=0, device="cuda", callbacks=callbacks)
+
+
+def test_recorder_sees_a_sync_inside_a_step():
+    """Control: a callback that reads a device value inside the step is caught, once a step."""
+    import lightning.pytorch as pl
+
+    class Reader(pl.Callback):
+        def on_train_batch_start(self, trainer, module, batch, batch_idx):
+            float(torch.ones((), device="cuda"))
+    rec = sync_recorder(after=2)
+    _run("softmax", True, [rec, Reader()])
+    assert len(rec.where) == 6, rec.where
 
 
 @pytest.mark.parametrize("mixer", ["softmax", "lla", "gdn", "mamba", "gla"])
 @pytest.mark.parametrize("sparse_head", [True, False])
 def test_training_steps_have_no_host_syncs(mixer, sparse_head):
-    from mixzoo.models import ModelConfig
-    from mixzoo.tasks.mqar import MQAR
-    from mixzoo.train import TrainConfig, train
-    task = MQAR(V=256, L=64, kv=8)
     rec = sync_recorder(after=2)
-    cfg = TrainConfig(steps=8, batch_size=16, eval_every=8, eval_batch_size=16, sparse_head=sparse_head,
-                      n_train=256, n_val=16, n_test=16)
-    res = train(task, mixer, {}, ModelConfig(d_model=64, num_heads=2, n_layers=2), cfg, seed=0,
-                device="cuda", callbacks=[rec])
+    res = _run(mixer, sparse_head, [rec])
     assert res.state == "COMPLETE", res.reason
     assert res.steps == 8
     assert not rec.where, f"{mixer} ({res.backend}): {len(rec.where)} host syncs, e.g. {rec.where[:3]}"
