@@ -52,7 +52,14 @@ def build_parser() -> Parser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # a command may take trailing positionals after its options (``bench mixers --quick gdn``):
+        # argparse fills a nargs="*" positional before the options and leaves the rest over
+        dest = getattr(importlib.import_module(args._module), "TRAILING", None) if args.command else None
+        if dest is None or any(e.startswith("-") for e in extra):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        setattr(args, dest, [*(getattr(args, dest) or []), *extra])
     if not args.command:
         parser.print_help()
         return 0

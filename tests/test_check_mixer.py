@@ -58,6 +58,27 @@ def test_bench_mixers_quick_covers_every_mechanism(tmp_path, capsys, monkeypatch
     assert "fwd+bwd ms" in capsys.readouterr().out
 
 
+def test_bench_mixers_named_mechanisms_and_variants(tmp_path, capsys, monkeypatch):
+    import mixzoo.bench.mixers as bm
+    monkeypatch.setitem(bm.QUICK, "seq_len", 16)
+    monkeypatch.setitem(bm.QUICK, "iters", 1)
+    out = tmp_path / "bench.json"
+    assert main(["bench", "mixers", "--quick", "linear", "mamba:allow_neg_eigval=true,d_state=8",
+                 "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["mechanism"], r.get("knobs")) for r in rows] == [
+        ("linear", None), ("mamba", {"allow_neg_eigval": True, "d_state": 8})]
+    assert "mamba allow_neg_eigval=True d_state=8" in capsys.readouterr().out
+    # a knob the mechanism does not take is that row's error (exit 1); bad input is exit 2
+    assert main(["bench", "mixers", "--quick", "linear:nope=1"]) == 1
+    assert "nope" in capsys.readouterr().out
+    for argv in (["bench", "mixers", "--quick", "nosuch"], ["bench", "mixers", "--quick", "gdn:beta"],
+                 ["bench", "throughput", "--quick", "gdn"]):
+        assert main(argv) == 2, argv
+        assert capsys.readouterr().err.strip()
+    assert not list(tmp_path.glob("*.tmp*"))
+
+
 def test_models_listing_builds_every_mechanism(capsys):
     assert main(["models"]) == 0
     out = capsys.readouterr().out

@@ -3,18 +3,24 @@ from __future__ import annotations
 
 import importlib
 
+TRAILING = "names"         # names after the options are mechanism names too
+
 WHAT = {"kernels": "mixzoo.bench.kernels", "mixers": "mixzoo.bench.mixers",
         "throughput": "mixzoo.bench.throughput"}
 
 
 def configure(name: str, p) -> None:
     p.add_argument("what", choices=sorted(WHAT))
+    p.add_argument("names", nargs="*", metavar="NAME[:KEY=V,...]",
+                   help="mixers only: the mechanisms to time (default: all), optionally with knobs")
     p.add_argument("--quick", action="store_true", help="small shapes, for a smoke check")
     p.add_argument("--out", help="also write the table as JSON here")
 
 
 def main(args) -> int:
     from ..errors import UsageError
+    if args.names and args.what != "mixers":
+        raise UsageError(f"bench {args.what} takes no mechanism names (MIXZOO_BENCH_MIXERS=a,b sets them)")
     try:
         mod = importlib.import_module(WHAT[args.what])
     except ModuleNotFoundError:

@@ -4,6 +4,9 @@ Default shape: batch 8, length 1024, width 128, 2 heads, one mixer layer, bf16 a
 GPU (float32 on a CPU); the time is the median of timed steps after warm-up (a mechanism's
 first GPU call may autotune Triton kernels for minutes). ``--quick``: batch 2, length 64,
 width 32, for a smoke run on a CPU in seconds.
+
+Mechanisms: all registered, or those named (``MIXZOO_BENCH_MIXERS=a,b`` or on the command line);
+``NAME:KEY=V[,KEY=V]`` times a variant, e.g. ``mamba:allow_neg_eigval=true``.
 """
 from __future__ import annotations
 
@@ -21,7 +24,8 @@ def bench_mixers(names=None, *, batch: int = 8, seq_len: int = 1024, d_model: in
                  device: str | None = None, warmup: int = 3, iters: int = 20, knobs: dict | None = None,
                  log=None) -> list[dict]:
     """One row per mechanism: backend, params, median fwd+bwd milliseconds, peak memory bytes
-    (CUDA only) or an error."""
+    (CUDA only) or an error. ``names``: mechanism names or (name, knobs) pairs; ``knobs``:
+    {name: knobs} for names given bare."""
     import torch
 
     from ..registry import mixers
@@ -31,12 +35,13 @@ def bench_mixers(names=None, *, batch: int = 8, seq_len: int = 1024, d_model: in
     cuda = dev.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     rows = []
-    for name in names:
-        row = {"mechanism": name, "batch": batch, "seq_len": seq_len, "d_model": d_model,
+    for entry in names:
+        name, kn = (entry, (knobs or {}).get(entry, {})) if isinstance(entry, str) else entry
+        row = {"mechanism": name, **({"knobs": dict(kn)} if kn else {}), "batch": batch, "seq_len": seq_len, "d_model": d_model,
                "num_heads": num_heads, "device": str(dev), "dtype": "bf16-autocast" if cuda else "float32"}
         try:
             torch.manual_seed(0)
-            m = reg[name].cls(d_model, num_heads=num_heads, layer_idx=0, **((knobs or {}).get(name, {}))).to(dev)
+            m = reg[name].cls(d_model, num_heads=num_heads, layer_idx=0, **kn).to(dev)
             row["params"] = sum(p.numel() for p in m.parameters())
             x = torch.randn(batch, seq_len, d_model, device=dev, requires_grad=True)
             gy = torch.randn(batch, seq_len, d_model, device=dev)
@@ -77,16 +82,36 @@ def bench_mixers(names=None, *, batch: int = 8, seq_len: int = 1024, d_model: in
     return rows
 
 
+def label(row: dict) -> str:
+    """The mechanism's name with its knobs, if any: ``mamba allow_neg_eigval=True``."""
+    kn = row.get("knobs") or {}
+    return " ".join([row["mechanism"], *(f"{k}={v}" for k, v in kn.items())])
+
+
 def format_table(rows: list[dict]) -> str:
-    lines = [f"{'mechanism':<12} {'backend':<18} {'params':>9} {'fwd+bwd ms':>11} {'peak MiB':>9} {'warm-up s':>9}"]
+    wm = max([len("mechanism")] + [len(label(r)) for r in rows])
+    wb = max([len("backend")] + [len(r.get("backend", "")) for r in rows])
+    lines = [f"{'mechanism':<{wm}} {'backend':<{wb}} {'params':>9} {'fwd+bwd ms':>11} {'peak MiB':>9} {'warm-up s':>9}"]
     for r in rows:
         if "error" in r:
-            lines.append(f"{r['mechanism']:<12} error: {r['error']}")
+            lines.append(f"{label(r):<{wm}} error: {r['error']}")
             continue
         mem = f"{r['peak_mem_bytes'] / 2**20:.1f}" if r.get("peak_mem_bytes") is not None else "-"
-        lines.append(f"{r['mechanism']:<12} {r['backend']:<18} {r['params']:>9} {r['ms']:>11.2f} {mem:>9} "
+        lines.append(f"{label(r):<{wm}} {r['backend']:<{wb}} {r['params']:>9} {r['ms']:>11.2f} {mem:>9} "
                      f"{r['warmup_s']:>9}")
     return "\n".join(lines)
+
+
+def parse_names(items: list[str]) -> list:
+    """``NAME`` or ``NAME:KEY=V[,KEY=V]`` -> name or (name, knobs); unknown names are usage errors."""
+    from ..commands import literal, parse_pairs
+    from ..registry import get_mixer
+    out = []
+    for it in items:
+        name, _, rest = it.partition(":")
+        get_mixer(name)
+        out.append((name, {k: literal(v) for k, v in parse_pairs(rest.split(","), it).items()}) if rest else name)
+    return out
 
 
 def main(args) -> int:
@@ -100,9 +125,10 @@ def main(args) -> int:
           f"{shape['num_heads']} heads, one layer, forward+backward; "
           f"{'bf16 autocast' if device.startswith('cuda') else 'float32'} on {where}, torch {torch.__version__}; "
           f"median of {shape['iters']} steps after {shape['warmup']} warm-up", flush=True)
-    log = lambda r: print(f"  {r['mechanism']}: " + (r.get("error") or f"{r['ms']:.2f} ms ({r['backend']})"),
+    log = lambda r: print(f"  {label(r)}: " + (r.get("error") or f"{r['ms']:.2f} ms ({r['backend']})"),
                           file=sys.stderr, flush=True)
-    names = [n for n in os.environ.get("MIXZOO_BENCH_MIXERS", "").split(",") if n] or None
+    names = parse_names(list(getattr(args, "names", None) or [])
+                        or [n for n in os.environ.get("MIXZOO_BENCH_MIXERS", "").split(",") if n]) or None
     rows = bench_mixers(names, device=device, log=log, **shape)
     print(format_table(rows))
     if getattr(args, "out", None):
