@@ -1,7 +1,7 @@
 #!/bin/bash
 # The GPU measurements of the README and the issue notes, as run on the lent GPU machine
 # (run from the repository root, with the pure-Python wheels in .whl/ and $OUT set):
-#   bash scripts/gpu-session.sh setup-only | mixers | throughput | kernels | sweep
+#   bash scripts/gpu-session.sh setup-only | mixers | bench | throughput | kernels | sweep | scripts
 # (mixers: K=EXPR selects tests as pytest -k does; scripts: SCRIPTS="a.py b.py")
 # Several parts may run at once on a two-GPU machine (run setup-only first): GPU=0/1 selects the
 # device, TAG=-x names that run's log, JSON and caches apart.
@@ -24,6 +24,9 @@ case $1 in
     MIXZOO_BENCH_OUT=$OUT/mixers$TAG.json timeout ${T:-450} python3 -m pytest -q -m gpu -rA -s --durations=5 \
       ${K:+-k "$K"} tests/gpu/test_mixers_gpu.py tests/gpu/test_trainer_gpu.py 2>&1 | grep --line-buffered -v -i "warn" | tee $log | tail -60
     timeout ${T2:-120} python3 benchmarks/gdn_paths.py 2>&1 | tee -a $log ;;
+  bench)   # MIXERS="a b:KEY=V ..." (default: all registered), alone on the GPU for its timings
+    timeout ${T:-300} python3 -m mixzoo bench mixers ${MIXERS} --out $OUT/mixers$TAG.json 2>&1 \
+      | grep --line-buffered -v -i "warn" | tee $log | tail -30 ;;
   throughput)
     MIXZOO_BENCH_MIXERS=${MIXERS:-softmax,gdn,gla} timeout ${T:-540} python3 -m mixzoo bench throughput \
       --out $OUT/throughput.json 2>&1 | grep --line-buffered -v -i "warn" | tee $log | tail -40 ;;
