@@ -1,9 +1,9 @@
-"""Where GDN's gradients differ between paths on a GPU: every path against float64 autograd of
-the PyTorch chunk path, per parameter (norm-relative error), at check-mixer's shape (B 2, T 100,
-width 64, 2 heads). Paths: torch-chunk fp32 / bf16 autocast; fla's kernels with mixzoo's
-dqkwg fp32 / bf16 (L2 norm, gate and β inside fla's kernels; bf16 also with them computed
-first); fla's kernels with fla's own Triton dqkwg (its Hopper guard lifted) fp32 / bf16.
-Then the dqkwg step alone on random inputs: mixzoo's and fla's Triton kernel against float64.
+"""Where GDN's gradients differ between paths on a GPU: every path against float64 autograd of the
+PyTorch chunk path, per parameter (norm-relative error), at check-mixer's shape (B 2, T 100, width
+64, 2 heads). Paths: torch-chunk fp32 / bf16 autocast; fla's kernels with mixzoo's dqkwg fp32 /
+bf16 (L2 norm, gate and β inside fla's kernels); fla's kernels with fla's own Triton dqkwg (its
+Hopper guard lifted) fp32 / bf16. Then the dqkwg step alone on random inputs: mixzoo's and fla's
+Triton kernel against float64.
 
     python benchmarks/gdn_grad_check.py
 """
@@ -16,10 +16,9 @@ from mixzoo.kernels import fla_dqkwg
 from mixzoo.models.gdn import GatedDeltaNet
 
 
-def grads(backend, dtype, autocast, x0, w0, fused=True):
+def grads(backend, dtype, autocast, x0, w0):
     torch.manual_seed(0)
     m = GatedDeltaNet(64, num_heads=2, backend=backend).cuda().to(dtype)
-    m.fused = fused
     x = x0.to(dtype).clone().requires_grad_()
     ctx = torch.autocast("cuda", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
     with ctx:
@@ -40,20 +39,19 @@ def main():
     _, ref = grads("torch", torch.float64, False, x0, w0)
     import fla.ops.common.chunk_o as co
     rows = []
-    for label, backend, dtype, ac, triton_dqkwg, fused in [
-            ("torch fp32", "torch", torch.float32, False, False, True),
-            ("torch bf16", "torch", torch.float32, True, False, True),
-            ("fla+ours fp32", "auto", torch.float32, False, False, True),
-            ("fla+ours bf16", "auto", torch.float32, True, False, True),
-            ("fla+ours unfused bf16", "auto", torch.float32, True, False, False),
-            ("fla+triton fp32", "auto", torch.float32, False, True, True),
-            ("fla+triton bf16", "auto", torch.float32, True, True, True)]:
+    for label, backend, dtype, ac, triton_dqkwg in [
+            ("torch fp32", "torch", torch.float32, False, False),
+            ("torch bf16", "torch", torch.float32, True, False),
+            ("fla+ours fp32", "auto", torch.float32, False, False),
+            ("fla+ours bf16", "auto", torch.float32, True, False),
+            ("fla+triton fp32", "auto", torch.float32, False, True),
+            ("fla+triton bf16", "auto", torch.float32, True, True)]:
         saved = (co.IS_NVIDIA_HOPPER, fla_dqkwg.triton_refused)
         if triton_dqkwg:
             co.IS_NVIDIA_HOPPER = False
             fla_dqkwg.triton_refused = lambda: False
         try:
-            name, got = grads(backend, dtype, ac, x0, w0, fused)
+            name, got = grads(backend, dtype, ac, x0, w0)
             rows.append((label, name, {k: rel(got[k], ref[k]) for k in ref}))
         except Exception as e:  # noqa: BLE001
             print(f"{label}: {type(e).__name__}: {str(e)[:200]}")

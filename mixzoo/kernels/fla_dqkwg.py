@@ -107,6 +107,7 @@ def chunk_bwd_dqkwg_torch(q, k, v, do, h, dh, w=None, g=None, g_gamma=None, dv=N
             None if dw is None else dw.contiguous(), dg.contiguous())
 
 
+@functools.cache
 def triton_refused() -> bool:
     """Whether fla refuses its gated chunk_bwd_dqkwg here (Hopper, 3.4.0 <= Triton < 3.7.1)."""
     if not torch.cuda.is_available():

@@ -72,25 +72,16 @@ def triton_op(module: str, fn: str):
     return _op(module, fn)
 
 
-@functools.cache
-def gated_chunk_backward_ok() -> bool:
-    """Whether fla's gated chunk backward (used by chunk_gated_delta_rule and chunk_simple_gla)
-    runs here as fla ships it: a GPU, and not Hopper with 3.4 <= Triton < 3.7.1 (fla refuses)."""
-    import torch
-
-    from ..kernels.fla_dqkwg import triton_refused
-    return torch.cuda.is_available() and not triton_refused()
-
-
 def gated_chunk_op(module: str, fn: str):
-    """fla's gated chunk entry point and a backend-name suffix: ``(op, "")`` where its backward
-    runs as shipped, ``(op, "+torch-dqkwg")`` where fla refuses its ``chunk_bwd_dqkwg`` kernel
-    and mixzoo's replacement (``mixzoo.kernels.fla_dqkwg``) is installed, else ``(None, "")``.
-    Call only for CUDA inputs."""
+    """fla's gated chunk entry point (used by chunk_gated_delta_rule and chunk_simple_gla) and a
+    backend-name suffix: ``(op, "")`` where its backward runs as fla ships it, ``(op,
+    "+torch-dqkwg")`` on Hopper with 3.4 <= Triton < 3.7.1, where fla refuses its
+    ``chunk_bwd_dqkwg`` kernel and mixzoo's replacement (``mixzoo.kernels.fla_dqkwg``) is
+    installed, else ``(None, "")``. Call only for CUDA inputs."""
     op = triton_op(module, fn)
     if op is None:
         return None, ""
-    if gated_chunk_backward_ok():
+    from ..kernels.fla_dqkwg import install, triton_refused
+    if not triton_refused():
         return op, ""
-    from ..kernels.fla_dqkwg import install
     return (op, "+torch-dqkwg") if install() else (None, "")

@@ -68,8 +68,6 @@ class GatedDeltaNet(nn.Module):
         self.o_norm = GatedNorm(self.dh)
         self.o_proj = nn.Linear(d_model, d_model, bias=False)
         self.backend = "torch-chunk"
-        # on the fla path: L2 norm, gate and β inside fla's kernels (False: computed here first)
-        self.fused = True
 
     def _fast(self, x):
         """fla's chunk kernel and the backend name, or (None, "torch-chunk")."""
@@ -87,9 +85,9 @@ class GatedDeltaNet(nn.Module):
         qkv, gate, a, b = self.proj(x).split([3 * d, d, self.h, self.h], dim=-1)
         qkv = self.conv(qkv)
         fast, self.backend = self._fast(x)
-        if fast is not None and self.fused:
+        if fast is not None:
             # fla's kernels do the L2 norm of q and k, the decay -exp(A) softplus(a + dt_bias) with
-            # its chunk cumsum, and β = σ(b) (x2 with allow_neg_eigval): a dozen fewer small launches
+            # its chunk cumsum, and β = σ(b) (x2 with allow_neg_eigval)
             q, k, v = (t.reshape(B, T, self.h, self.dh).contiguous() for t in qkv.chunk(3, dim=-1))
             o = fast(q, k, v, g=a.contiguous(), beta=b.contiguous(), scale=self.dh ** -0.5,
                      use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=self.A_log,
@@ -100,15 +98,8 @@ class GatedDeltaNet(nn.Module):
         q, k = l2norm(q), l2norm(k)
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)                # (B, T, H)
         beta = b.float().sigmoid() * (2.0 if self.neg else 1.0)
-        if fast is not None:
-            # fla's kernels want q, k, v in one dtype (under autocast the l2norm leaves q, k in fp32)
-            tt = lambda t: t.transpose(1, 2).to(v.dtype).contiguous()
-            o = fast(tt(q), tt(k), tt(v), g=g.contiguous(), beta=beta.contiguous(),
-                     scale=self.dh ** -0.5)[0]
-            o = o.transpose(1, 2)
-        else:
-            o = gated_delta_chunk(q, k, v, g.transpose(1, 2), beta.transpose(1, 2),
-                                  scale=self.dh ** -0.5, chunk=self.chunk)
+        o = gated_delta_chunk(q, k, v, g.transpose(1, 2), beta.transpose(1, 2),
+                              scale=self.dh ** -0.5, chunk=self.chunk)
         return self.o_proj(self.o_norm(o, gate))
 
     def state_size(self, seq_len: int) -> int:
