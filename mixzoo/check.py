@@ -14,6 +14,7 @@ Python: ``check_mixer(name) -> list[CheckResult]``.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 from dataclasses import dataclass
 
@@ -242,21 +243,30 @@ def check_mixer(name: str, *, knobs: dict | None = None, device: str = "cpu", d_
     return out
 
 
-def host_syncs(fn) -> list[str]:
-    """Run ``fn()`` with CUDA's sync debugging on; returns where each host sync was asked for
-    ("file:line: message"), empty when the device was never waited for."""
+@contextlib.contextmanager
+def recording_host_syncs():
+    """Within the block, CUDA's sync debugging is on; yields a list that, when the block ends,
+    holds where each host sync was asked for ("file:line: message")."""
     import warnings
 
     import torch
+    where: list[str] = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            fn()
+            yield where
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    return [f"{w.filename}:{w.lineno}: {str(w.message).splitlines()[0]}" for w in caught
-            if "called a synchronizing CUDA operation" in str(w.message)]
+            where += [f"{w.filename}:{w.lineno}: {str(w.message).splitlines()[0]}" for w in caught
+                      if "called a synchronizing CUDA operation" in str(w.message)]
+
+
+def host_syncs(fn) -> list[str]:
+    """Run ``fn()`` under :func:`recording_host_syncs`; empty when the device was never waited for."""
+    with recording_host_syncs() as where:
+        fn()
+    return where
 
 
 def fast_vs_reference(name: str, *, knobs: dict | None = None, device: str = "cuda", d_model: int = 32,

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from mixzoo.check import check_mixer
 from mixzoo.cli import main
 
@@ -85,3 +87,28 @@ def test_models_listing_builds_every_mechanism(capsys):
     for name in ["lla", "parallax", "softmax", "mesa", "gdn", "mamba", "gla", "hyena", "linear"]:
         line = next(ln for ln in out.splitlines() if ln.startswith(name + " "))
         assert "error" not in line and line.split()[1].isdigit()
+
+
+def test_recording_host_syncs_collects_torch_sync_warnings_only(monkeypatch):
+    """The recorder behind check-mixer's host-syncs check and the trainer's GPU test: it switches
+    CUDA's sync debugging on for the block and keeps torch's sync warnings (and only those). Torch's
+    switch is stubbed here (no GPU); the real one runs in tests/gpu."""
+    import warnings
+
+    import torch
+
+    from mixzoo.check import host_syncs, recording_host_syncs
+    modes = []
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+    with recording_host_syncs() as where:
+        assert modes == ["warn"]
+        warnings.warn("Synchronization debug mode is a prototype feature")     # torch's one-time notice
+        warnings.warn("called a synchronizing CUDA operation")
+        assert where == []                                                    # filled when the block ends
+    assert modes == ["warn", "default"]
+    assert len(where) == 1 and "test_check_mixer.py" in where[0] and "synchronizing" in where[0]
+    assert host_syncs(lambda: None) == []
+    with pytest.raises(ValueError):                      # the mode is restored on errors too
+        with recording_host_syncs():
+            raise ValueError
+    assert modes[-1] == "default"

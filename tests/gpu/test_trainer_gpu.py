@@ -5,8 +5,6 @@ checked with CUDA's sync debugging around each training step (data indexing, for
 backward, clipping, optimizer step), after two warm-up steps (autotuning, lazy set-up)."""
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
@@ -15,28 +13,26 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 def sync_recorder(after: int):
     """A Lightning callback recording every host sync asked for inside training steps >= ``after``
-    (its ``where``: "step N: file:line")."""
+    (its ``where``: "step N: file:line: message")."""
     import lightning.pytorch as pl
+
+    from mixzoo.check import recording_host_syncs
 
     class Recorder(pl.Callback):
         def __init__(self):
             self.where: list[str] = []
-            self._ctx = self._caught = None
+            self._ctx = None
 
         def on_train_batch_start(self, trainer, module, batch, batch_idx):
             if trainer.global_step >= after:
-                self._ctx = warnings.catch_warnings(record=True)
-                self._caught = self._ctx.__enter__()
-                warnings.simplefilter("always")
-                torch.cuda.set_sync_debug_mode("warn")
+                self._ctx = recording_host_syncs()
+                self._step, self._seen = trainer.global_step, self._ctx.__enter__()
 
         def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
             if self._ctx is not None:
-                torch.cuda.set_sync_debug_mode("default")
                 self._ctx.__exit__(None, None, None)
                 self._ctx = None
-                self.where += [f"step {trainer.global_step}: {w.filename}:{w.lineno}" for w in self._caught
-                               if "called a synchronizing CUDA operation" in str(w.message)]
+                self.where += [f"step {self._step}: {w}" for w in self._seen]
     return Recorder()
 
 
