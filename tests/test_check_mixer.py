@@ -102,8 +102,8 @@ def test_recording_host_syncs_collects_torch_sync_warnings_only(monkeypatch):
     monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
     with recording_host_syncs() as where:
         assert modes == ["warn"]
-        warnings.warn("Synchronization debug mode is a prototype feature")     # torch's one-time notice
-        warnings.warn("called a synchronizing CUDA operation")
+        warnings.warn("Synchronization debug mode is a prototype feature", stacklevel=1)  # torch's one-time notice
+        warnings.warn("called a synchronizing CUDA operation", stacklevel=1)
         assert where == []                                                    # filled when the block ends
     assert modes == ["warn", "default"]
     assert len(where) == 1 and "test_check_mixer.py" in where[0] and "synchronizing" in where[0]
