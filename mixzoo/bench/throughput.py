@@ -92,12 +92,10 @@ def _sync(dev):
         torch.cuda.synchronize(dev)
 
 
-BACKENDS: dict[str, str] = {}      # mechanism -> the backend its trainer runs used (for the table)
-
-
 def trainer_rate(shape: str, mixer: str, device: str, steps: int, warmup: int, compile_mode: str,
-                 sparse_head: bool = True) -> float:
-    """Steps/s of mixzoo's trainer between its first validation (after warm-up) and its last."""
+                 sparse_head: bool = True) -> tuple[float, str]:
+    """Steps/s of mixzoo's trainer between its first validation (after warm-up) and its last, and
+    the backend the mechanism ran."""
     from ..train import TrainConfig, train
     task, data, mcfg, _, _, _ = _setup(shape, mixer, device, 1)
     s = SHAPES[shape]
@@ -106,11 +104,10 @@ def trainer_rate(shape: str, mixer: str, device: str, steps: int, warmup: int, c
     # one evaluation at the end of warm-up and one at the end: rate over the steps between
     cfg.eval_every = warmup if steps % warmup == 0 else math.gcd(warmup, steps)
     res = train(task, mixer, {}, mcfg, cfg, seed=0, device=device, data=data)
-    BACKENDS[mixer] = getattr(res, "backend", "?")
     h = res.history
     first = next(x for x in h if x["step"] >= warmup)
     last = h[-1]
-    return (last["step"] - first["step"]) / max(1e-9, last["train_time_s"] - first["train_time_s"])
+    return (last["step"] - first["step"]) / max(1e-9, last["train_time_s"] - first["train_time_s"]), res.backend
 
 
 def _worker(argv: list[str]) -> None:
@@ -188,18 +185,17 @@ def main(args) -> int:
         for mode in modes:
             try:
                 p = plain_loop(shape, mixer, device, steps, warmup, mode)
-                t = trainer_rate(shape, mixer, device, steps, warmup, mode)
+                t, backend = trainer_rate(shape, mixer, device, steps, warmup, mode)
             except Exception as e:            # one mechanism/mode failing must not lose the others
                 print(f"  {shape:<6} {mixer:<8} compile={mode:<16} FAILED: {type(e).__name__}: {e}"[:300], flush=True)
                 continue
-            rows.append(dict(shape=shape, mixer=mixer, compile=mode, plain=p, mixzoo=t,
-                             backend=BACKENDS.get(mixer, "?")))
+            rows.append(dict(shape=shape, mixer=mixer, compile=mode, plain=p, mixzoo=t, backend=backend))
             print(f"  {shape:<6} {mixer:<8} compile={mode:<16} plain {p:8.1f} steps/s  mixzoo {t:8.1f} steps/s", flush=True)
             if mixer == mixers[0] and mode == "off":
                 # the harness alone: the same loss path as the plain loop (vocabulary head everywhere)
-                t = trainer_rate(shape, mixer, device, steps, warmup, mode, sparse_head=False)
+                t, backend = trainer_rate(shape, mixer, device, steps, warmup, mode, sparse_head=False)
                 rows.append(dict(shape=shape, mixer=mixer, compile="off, full head", plain=p, mixzoo=t,
-                                 backend=BACKENDS.get(mixer, "?")))
+                                 backend=backend))
                 print(f"  {shape:<6} {mixer:<8} compile=off full head    plain {p:8.1f} steps/s  mixzoo {t:8.1f} steps/s",
                       flush=True)
     base = next((r["plain"] for r in rows if r["compile"] == "off"), float("nan"))
@@ -217,7 +213,7 @@ def main(args) -> int:
     mad_rates = {}
     for mixer in mixers:
         try:
-            rate = trainer_rate("quick" if quick else "mad", mixer, device, steps, warmup, "off")
+            rate, _ = trainer_rate("quick" if quick else "mad", mixer, device, steps, warmup, "off")
         except Exception as e:
             print(f"  {mixer:<8} FAILED: {type(e).__name__}: {e}"[:300], flush=True)
             continue
