@@ -103,6 +103,15 @@ def _hi_lo(x, DT: tl.constexpr):
 
 
 @triton.jit
+def _split3(x, DT: tl.constexpr):
+    """x (fp32) = hi + mid + lo + O(2^-26 |x|), all three in DT (bf16: 8 bits each)."""
+    xh = x.to(DT)
+    r = x - xh.to(tl.float32)
+    xm = r.to(DT)
+    return xh, xm, (r - xm.to(tl.float32)).to(DT)
+
+
+@triton.jit
 def _cg_solve(rhs, q, kbar, lse2, lam, dinv, Kb, offs_m, offs_d, hi, T, sc2, tol2, max_iter,
               D: tl.constexpr, BN: tl.constexpr, JACOBI: tl.constexpr, PREC: tl.constexpr, TIGHT: tl.constexpr):
     """Solve (Σ a (k - k̄)(k - k̄)ᵀ + λI) x = rhs for every row of a query tile; matrix-free CG.
@@ -133,13 +142,10 @@ def _cg_solve(rhs, q, kbar, lse2, lam, dinv, Kb, offs_m, offs_d, hi, T, sc2, tol
     it = tl.full([], 0, tl.int32)
     n_act = tl.sum(active.to(tl.int32), 0)
     while (it < max_iter) & (n_act > 0):
-        pb = p.to(DT)
+        pb, pm, pl = _split3(p, DT)
         if PREC >= 2:                       # p = pb + pm (+ pl) exactly, so x and the matvec see the same p
-            pr = p - pb.to(tl.float32)
-            pm = pr.to(DT)
             p = pb.to(tl.float32) + pm.to(tl.float32)
             if PREC >= 3:
-                pl = (pr - pm.to(tl.float32)).to(DT)
                 p += pl.to(tl.float32)
         pk = tl.sum(p * kbar, 1)
         acc = tl.zeros(rhs.shape, tl.float32)
@@ -213,10 +219,8 @@ def _lla_fwd(Q, K, V, LAM, OUT, Y, LSE, ITS, T, sc2, tol2, max_iter,
         m_new = tl.maximum(m, tl.max(s, 1))
         m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.math.exp2(m - m_new)
-        w = tl.math.exp2(s - m_new[:, None])
-        wb = w.to(DT)
+        wb, wl = _hi_lo(tl.math.exp2(s - m_new[:, None]), DT)
         if PREC >= 1:
-            wl = (w - wb.to(tl.float32)).to(DT)
             wsum = wsum * alpha + tl.sum(wb.to(tl.float32) + wl.to(tl.float32), 1)
         else:
             wsum = wsum * alpha + tl.sum(wb.to(tl.float32), 1)
@@ -242,9 +246,7 @@ def _lla_fwd(Q, K, V, LAM, OUT, Y, LSE, ITS, T, sc2, tol2, max_iter,
     # pass 3: o = Σ a (1 - y . (k - k̄)) v. When λ is small and the query lies outside the key cloud, |y| is up to
     # |k̄ - q|/λ and e = y.k - y.k̄ cancels, so y and the weights always go through the matmuls as hi + lo
     # pairs; PREC 3 (λ < 0.1) splits y in three (hi + lo left e errors of ~1e-2 at λ = 0.01 on the first rows).
-    yb, yl = _hi_lo(y, DT)
-    if PREC >= 3:
-        yl2 = (y - yb.to(tl.float32) - yl.to(tl.float32)).to(DT)
+    yb, yl, yl2 = _split3(y, DT)
     yk = tl.sum(y * kbar, 1)
     acc = tl.zeros([BM, D], tl.float32)
     for start in range(0, hi, BN):
@@ -256,10 +258,9 @@ def _lla_fwd(Q, K, V, LAM, OUT, Y, LSE, ITS, T, sc2, tol2, max_iter,
         e = tl.dot(yl, tl.trans(k), tl.dot(yb, tl.trans(k)))
         if PREC >= 3:
             e = tl.dot(yl2, tl.trans(k), e)
-        w = a * (1.0 - (e - yk[:, None]))
-        wb = w.to(DT)
+        wb, wl = _hi_lo(a * (1.0 - (e - yk[:, None])), DT)
         acc = tl.dot(wb, v, acc)
-        acc = tl.dot((w - wb.to(tl.float32)).to(DT), v, acc)
+        acc = tl.dot(wl, v, acc)
 
     row_off = bh * T * D + offs_m[:, None] * D + offs_d[None, :]
     tl.store(OUT + row_off, acc.to(DT), mask=rmask[:, None])
@@ -303,14 +304,11 @@ def _lla_bwd_q(Q, K, V, G, LAM, Y, LSE, DQ, NU, ROWS, DLAM, ITS, T, scale, sc2, 
         v = tl.load(Vb + kv_off, mask=offs_n[:, None] < T, other=0.0)
         a = tl.math.exp2(_scores(q, k, offs_m, offs_n, T, sc2) - lse2[:, None])
         gam = tl.dot(g, tl.trans(v))
-        ab = a.to(DT)
-        ag = a * gam
-        agb = ag.to(DT)
+        ab, al = _hi_lo(a, DT)
+        agb, agl = _hi_lo(a * gam, DT)
         kb = tl.dot(ab, k, kb)
         tg = tl.dot(agb, k, tg)
         if PREC >= 1:
-            al = (a - ab.to(tl.float32)).to(DT)
-            agl = (ag - agb.to(tl.float32)).to(DT)
             kb = tl.dot(al, k, kb)
             tg = tl.dot(agl, k, tg)
             asum += tl.sum(ab.to(tl.float32) + al.to(tl.float32), 1)
@@ -332,9 +330,7 @@ def _lla_bwd_q(Q, K, V, G, LAM, Y, LSE, DQ, NU, ROWS, DLAM, ITS, T, scale, sc2, 
         dinv = h
     nu, it = _cg_solve(h, q, kbar, lse2, lam, dinv, Kb, offs_m, offs_d, hi, T, sc2, tol2, max_iter,
                        D, BN, JACOBI, PREC, PREC >= 3)
-    yb, yl = _hi_lo(y, DT)
-    if PREC >= 3:
-        yl2 = (y - yb.to(tl.float32) - yl.to(tl.float32)).to(DT)
+    yb, yl, yl2 = _split3(y, DT)
     nb, nl = _hi_lo(nu, DT)
     if PREC >= 1:
         yk = tl.sum(y * kbar, 1)
@@ -407,10 +403,8 @@ def _lla_bwd_kv(Q, K, V, G, Y, NU, LSE, ROWS, DK, DV, T, scale, sc2,
         row_off = bh * T * D + offs_m[:, None] * D + offs_d[None, :]
         q = tl.load(Q + row_off, mask=rmask[:, None], other=0.0)
         g = tl.load(G + row_off, mask=rmask[:, None], other=0.0)
-        y = tl.load(Y + row_off, mask=rmask[:, None], other=0.0)
-        yb = y.to(DT)
-        nu = tl.load(NU + row_off, mask=rmask[:, None], other=0.0)
-        nb = nu.to(DT)
+        yb, yl, yl2 = _split3(tl.load(Y + row_off, mask=rmask[:, None], other=0.0), DT)
+        nb, nl = _hi_lo(tl.load(NU + row_off, mask=rmask[:, None], other=0.0), DT)
         lse2 = tl.load(LSE + bh * T + offs_m, mask=rmask, other=0.0)
         rows = ROWS + (bh * T + offs_m) * 4
         yk = tl.load(rows, mask=rmask, other=0.0)
@@ -421,20 +415,18 @@ def _lla_bwd_kv(Q, K, V, G, Y, NU, LSE, ROWS, DK, DV, T, scale, sc2,
         dl = tl.dot(g, tl.trans(v)) - gbar[:, None]
         yk_j = tl.dot(yb, tl.trans(k))
         if PREC >= 1:
-            yr = y - yb.to(tl.float32)
-            yl = yr.to(DT)
             yk_j = tl.dot(yl, tl.trans(k), yk_j)
             if PREC >= 3:
-                yk_j = tl.dot((yr - yl.to(tl.float32)).to(DT), tl.trans(k), yk_j)
+                yk_j = tl.dot(yl2, tl.trans(k), yk_j)
         apsi = a * (1.0 - (yk_j - yk[:, None]))
         f = tl.dot(nb, tl.trans(k))
         if PREC >= 1:
-            f = tl.dot((nu - nb.to(tl.float32)).to(DT), tl.trans(k), f)
+            f = tl.dot(nl, tl.trans(k), f)
         f = f - nk[:, None]
-        apsi_b = apsi.to(DT)
+        apsi_b, apsi_l = _hi_lo(apsi, DT)
         dv = tl.dot(tl.trans(apsi_b), g, dv)
         if PREC >= 1:
-            dv = tl.dot(tl.trans((apsi - apsi_b.to(tl.float32)).to(DT)), g, dv)
+            dv = tl.dot(tl.trans(apsi_l), g, dv)
         p = (dl - f) * apsi + a * lnu[:, None]
         dk = tl.dot(tl.trans((p * scale).to(DT)), q, dk)
         dk = tl.dot(tl.trans(-apsi_b), nb, dk)
