@@ -88,6 +88,11 @@ def label(row: dict) -> str:
     return " ".join([row["mechanism"], *(f"{k}={v}" for k, v in kn.items())])
 
 
+def progress_line(row: dict) -> str:
+    """One row as it is measured: ``  gdn: 6.20 ms (fla-chunk+torch-dqkwg)`` or its error."""
+    return f"  {label(row)}: " + (row.get("error") or f"{row['ms']:.2f} ms ({row['backend']})")
+
+
 def format_table(rows: list[dict]) -> str:
     wm = max([len("mechanism")] + [len(label(r)) for r in rows])
     wb = max([len("backend")] + [len(r.get("backend", "")) for r in rows])
@@ -125,8 +130,7 @@ def main(args) -> int:
           f"{shape['num_heads']} heads, one layer, forward+backward; "
           f"{'bf16 autocast' if device.startswith('cuda') else 'float32'} on {where}, torch {torch.__version__}; "
           f"median of {shape['iters']} steps after {shape['warmup']} warm-up", flush=True)
-    log = lambda r: print(f"  {label(r)}: " + (r.get("error") or f"{r['ms']:.2f} ms ({r['backend']})"),
-                          file=sys.stderr, flush=True)
+    log = lambda r: print(progress_line(r), file=sys.stderr, flush=True)
     names = parse_names(list(getattr(args, "names", None) or [])
                         or [n for n in os.environ.get("MIXZOO_BENCH_MIXERS", "").split(",") if n]) or None
     rows = bench_mixers(names, device=device, log=log, **shape)

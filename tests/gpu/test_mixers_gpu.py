@@ -66,10 +66,9 @@ def test_contract_and_fast_path_on_gpu(name, knobs):
 
 @pytest.fixture(scope="module")
 def bench_rows():
-    from mixzoo.bench.mixers import bench_mixers, format_table
-    log = lambda r: print(f"  {r['mechanism']}: " + (r.get("error") or f"{r['ms']:.2f} ms ({r['backend']})"),
-                          flush=True)
-    rows = bench_mixers(NAMES, batch=8, seq_len=1024, d_model=128, num_heads=2, warmup=3, iters=20, log=log)
+    from mixzoo.bench.mixers import bench_mixers, format_table, progress_line
+    rows = bench_mixers(NAMES, batch=8, seq_len=1024, d_model=128, num_heads=2, warmup=3, iters=20,
+                        log=lambda r: print(progress_line(r), flush=True))
     print("\n" + format_table(rows))
     out = os.environ.get("MIXZOO_BENCH_OUT")
     if out:
