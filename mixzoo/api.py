@@ -128,7 +128,9 @@ def run(task: str, model: str, *, knobs: dict[str, Any] | None = None, preset: s
         log: Callable[[str], None] | None = None, on_eval=None) -> list[dict[str, Any]]:
     """Train ``model`` on ``task`` once per seed; write one leaderboard file; return rows.
 
-    Everything is validated before any training starts; nothing is written on bad input.
+    Everything is validated before any training starts; nothing is written on bad input. A
+    seed whose run fails (divergence, or the mechanism raising) is a row with state FAIL and
+    its ``state_reason``; the other seeds still run.
     """
     from .train import train
     t = make_task(task, knobs, preset)

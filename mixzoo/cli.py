@@ -18,6 +18,7 @@ COMMANDS = {
     "models": ("mixzoo.commands", "list the registered mechanisms, backends and sizes"),
     "run": ("mixzoo.commands", "train one mechanism on one task and write leaderboard rows"),
     "check-mixer": ("mixzoo.check", "check a mechanism against the mixer contract"),
+    "check-zoo": ("mixzoo.zoo", "train every mechanism on every task family and recipe, briefly"),
     "sweep": ("mixzoo.sweeps.cli", "Optuna sweep from a spec; best config over seeds"),
     "compare": ("mixzoo.sweeps.cli", "sweep mechanisms over one difficulty axis"),
     "ttr": ("mixzoo.train.ttr", "training-free piecewise test-time regression"),

@@ -74,8 +74,12 @@ def run(args) -> int:
                    command=command_line(), log=_log)
     from .leaderboard.views import print_rows
     print_rows(rows)
-    print(f"rows written under {args.results}/leaderboard/")
-    return 0 if all(r["state"] == "COMPLETE" for r in rows) else 1
+    print(f"rows written under {args.results}/leaderboard/", flush=True)
+    failed = [r for r in rows if r["state"] != "COMPLETE"]
+    for r in failed:    # one line each; the traceback, if any, went to the log above
+        print(f"mixzoo: run failed: {r['model']} on {r['task']} seed {r['seed']}: {r['state']}: "
+              f"{r.get('state_reason') or 'no reason given'}", file=sys.stderr, flush=True)
+    return 1 if failed else 0
 
 
 # Based recipe (a short-convolution layer, then two mixer layers), fresh examples every step.

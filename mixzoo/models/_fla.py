@@ -63,6 +63,24 @@ def _op(module: str, fn: str):
         return None
 
 
+# fla's Triton kernels need every dot dimension to be at least 16 (``tl.dot`` K >= 16); the mad
+# recipe's 16 heads of width 8 (and GLA's keys of width 4 there) are below that.
+MIN_DOT = 16
+
+
+def pad_heads(*ts):
+    """Zero-pad the last (head) dimension of each tensor to at least ``MIN_DOT``.
+
+    Exact for the fla ops mixzoo calls: a zero query/key/probe dimension adds nothing to any dot
+    product (q.k, r.k, k kᵀ), and L2 norms are unchanged; a zero value dimension gives zero output
+    columns, which the caller slices off (``[..., :d]`` with d the width before padding). Scales must
+    be computed from the width before padding and passed explicitly. Log-decays padded with zero
+    (decay 1) act on state columns whose keys are zero, so they stay zero."""
+    import torch.nn.functional as F
+    out = tuple(t if t.shape[-1] >= MIN_DOT else F.pad(t, (0, MIN_DOT - t.shape[-1])) for t in ts)
+    return out if len(out) > 1 else out[0]
+
+
 def triton_op(module: str, fn: str):
     """An fla Triton entry point (e.g. ``("fla.ops.gla", "chunk_gla")``), or None where fla or
     a GPU Triton is unavailable. Call only for CUDA inputs."""

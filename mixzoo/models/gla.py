@@ -60,7 +60,9 @@ class GatedLinearAttention(nn.Module):
         fast = self._fast(x)
         if fast is not None:
             self.backend = "fla-chunk"
-            o = fast(q, k, v, g=gk.to(q.dtype), scale=self.dk ** -0.5)[0]
+            D = v.shape[-1]
+            qp, kp, vp, gp = _fla.pad_heads(q, k, v, gk.to(q.dtype))
+            o = fast(qp, kp, vp, g=gp, scale=self.dk ** -0.5)[0][..., :D]
         else:
             self.backend = "torch-recurrent"
             ref = _fla.naive("gla", "naive_recurrent_gla")

@@ -115,8 +115,8 @@ class Mamba(nn.Module):
             raise RuntimeError("mamba: backend='fla' asked for but fla's chunk_simple_gla cannot run here")
         if fn is not None:
             self.backend = name
-            y = fn(q.to(xh.dtype).contiguous(), k.to(xh.dtype).contiguous(), xh.contiguous(),
-                      g=log_a.contiguous(), scale=1.0)[0]
+            qp, kp, vp = _fla.pad_heads(q.to(xh.dtype).contiguous(), k.to(xh.dtype).contiguous(), xh.contiguous())
+            y = fn(qp, kp, vp, g=log_a.contiguous(), scale=1.0)[0][..., :xh.shape[-1]]
         else:
             self.backend = "torch-chunk"
             hf = lambda t: t.transpose(1, 2)

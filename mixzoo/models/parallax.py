@@ -80,8 +80,10 @@ class Parallax(nn.Module):
         fast = self._fast(q)
         if fast is not None:
             self.backend = "fla-parallel"
+            D = v.shape[-1]
             tt = lambda t: t.transpose(1, 2).contiguous()
-            o = fast(tt(q), tt(r), tt(k), tt(v), scale=q.shape[-1] ** -0.5).transpose(1, 2)
+            q, r, k, v = _fla.pad_heads(tt(q), tt(r), tt(k), tt(v))
+            o = fast(q, r, k, v, scale=D ** -0.5)[..., :D].transpose(1, 2)
         else:
             self.backend = "torch"
             o = parallax_reference(q, r, k, v)

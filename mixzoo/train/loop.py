@@ -7,9 +7,14 @@ evaluations. Lightning runs ``barebones`` (no logger, progress bar, checkpoints)
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import signal
+import sys
+import threading
 import time
+import traceback
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..errors import UsageError
 from ..models import ModelConfig, build_model, mixers_of
 from ..models.backbones import TokenModel
 from ..tasks.base import IGNORE, Batch, Task
@@ -28,6 +34,49 @@ EvalHook = Callable[[int, dict[str, float]], None]
 
 class Diverged(RuntimeError):
     pass
+
+
+REASON_CHARS = 300
+
+
+def failure_reason(e: BaseException, limit: int = REASON_CHARS) -> str:
+    """``"<ExceptionType>: <first line of its message>"``, one line of at most ``limit``
+    characters (the style of the sweep engine's failed trials)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return (f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__)[:limit]
+
+
+def _report_failure(log: Callable[[str], None] | None, what: str, e: BaseException) -> None:
+    """The full traceback, once, to ``log`` (or stderr): a failed run is a row, not a crash,
+    but whoever debugs the mechanism needs the trace."""
+    msg = f"run failed {what}: {failure_reason(e)}\n" + "".join(traceback.format_exception(e)).rstrip()
+    if log:
+        log(msg)
+    else:
+        sys.stderr.write(msg + "\n")
+
+
+def _interrupt_of(e: BaseException) -> KeyboardInterrupt | None:
+    """The KeyboardInterrupt behind ``e``: Lightning answers one inside ``fit`` with
+    ``sys.exit(1)`` (or, off the main thread, with the ValueError of its ``signal.signal``)."""
+    return e.__context__ if isinstance(e.__context__, KeyboardInterrupt) else None
+
+
+def _restore_sigint(handler) -> None:
+    """Lightning ignores SIGINT from its KeyboardInterrupt handler on; put the handler back."""
+    if handler is None or threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGINT) is not handler:
+        signal.signal(signal.SIGINT, handler)
+
+
+def _raised_by_caller(e: BaseException, hook_error: BaseException | None, callbacks) -> bool:
+    """True when ``e`` came from the caller's code (``on_eval``, or a hook of one of the extra
+    ``callbacks``): that propagates; the mechanism's own failures end the run as FAIL."""
+    if e is hook_error:
+        return True
+    ids = {id(c) for c in callbacks or ()}
+    return bool(ids) and any(id(f.f_locals.get("self")) in ids for f, _ in traceback.walk_tb(e.__traceback__))
 
 
 def resolve_device(device: str | None) -> torch.device:
@@ -122,11 +171,15 @@ def train(task: Task, mixer: str, knobs: dict[str, Any] | None = None,
           seed: int = 0, device: str | None = "auto", on_eval: EvalHook | None = None,
           log: Callable[[str], None] | None = None, data: dict[str, Batch] | None = None,
           callbacks: list | None = None) -> RunResult:
-    """Train ``mixer`` on ``task`` and score it; returns a RunResult (FAIL on divergence).
+    """Train ``mixer`` on ``task`` and score it; returns a RunResult.
 
-    ``on_eval(step, val_metrics)`` is called after every validation pass; whatever it raises
-    (e.g. a pruning signal) propagates to the caller. ``callbacks``: extra Lightning callbacks,
-    run before mixzoo's own at each hook.
+    The run is FAIL, with a one-line ``reason``, when it diverges (a non-finite loss or test
+    metric) or when the mechanism raises while being built, trained, validated or scored
+    (``"RuntimeError: ..."``; the traceback goes to ``log``, or stderr without one); steps,
+    timings and peak memory are filled as far as the run got. A UsageError, KeyboardInterrupt
+    and SystemExit propagate. ``on_eval(step, val_metrics)`` is called after every validation
+    pass; whatever it raises (e.g. a pruning signal) propagates to the caller. ``callbacks``:
+    extra Lightning callbacks, run before mixzoo's own at each hook; what they raise propagates.
     """
     import lightning.pytorch as pl
     _quiet_lightning()
@@ -142,9 +195,35 @@ def train(task: Task, mixer: str, knobs: dict[str, Any] | None = None,
     else:
         data = {k: v.to(dev) for k, v in data.items()}
     pl.seed_everything(seed, verbose=False)
-    model = build_model(task.backbone, mixer, knobs, model_cfg, vocab=task.vocab_size if task.kind == "classification" else 0,
-                        d_in=task.d_in, d_out=task.d_out).to(dev)
-    run_model = model if cfg.compile == "off" else torch.compile(model, mode=cfg.compile)
+    res = RunResult(state="COMPLETE",
+                    device_name=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu")
+
+    def fail(e: BaseException, what: str) -> None:
+        res.state, res.reason = "FAIL", failure_reason(e)
+        _report_failure(log, what, e)
+
+    def peak_mem() -> int:
+        if dev.type == "cuda":
+            return int(torch.cuda.max_memory_allocated(dev))
+        import resource
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+    if dev.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(dev)
+    try:
+        model = build_model(task.backbone, mixer, knobs, model_cfg,
+                            vocab=task.vocab_size if task.kind == "classification" else 0,
+                            d_in=task.d_in, d_out=task.d_out).to(dev)
+        run_model = model if cfg.compile == "off" else torch.compile(model, mode=cfg.compile)
+    except UsageError:
+        raise
+    except Exception as e:      # a mechanism refusing its knobs, an OOM building it...
+        fail(e, f"building {mixer}")
+        with contextlib.suppress(Exception):
+            res.peak_mem_bytes = peak_mem()
+        res.wall_time_s = time.perf_counter() - t_start
+        return res
+    res.params = count_params(model)
     # the vocabulary head (vocab x width per position) dominates small token models; where few
     # positions are supervised (MQAR: the queries), training applies it to those only
     sel = (supervised_positions(data["train"].mask)
@@ -154,8 +233,6 @@ def train(task: Task, mixer: str, knobs: dict[str, Any] | None = None,
         data["train"].inputs, data["train"].targets.gather(1, sel), data["train"].mask.gather(1, sel))
     order = batch_order(len(data["train"]), cfg.steps, cfg.batch_size, seed).to(dev)
     primary = task.primary
-    res = RunResult(state="COMPLETE", params=count_params(model),
-                    device_name=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu")
     tokens_per_step = cfg.batch_size * task.seq_len
 
     class Lit(pl.LightningModule):
@@ -167,11 +244,17 @@ def train(task: Task, mixer: str, knobs: dict[str, Any] | None = None,
 
         def training_step(self, step, _):
             b = train_data.index(order[step])
-            out = run_model(b.inputs) if sel is None else run_model(b.inputs, select=sel[order[step]])
-            loss, _ = loss_fn(task.kind, out, b)
+            pick = None if sel is None else sel[order[step]]
+            out = run_model(b.inputs) if pick is None else run_model(b.inputs, select=pick)
+            loss = self.loss_of(out, b)
             self.loss_sum += loss.detach().float()
             self.loss_n += 1
+            # references for a diagnosing callback (mixzoo.train.capture): no copy, no sync
+            self.last_batch, self.last_loss = (b, pick), loss.detach()
             return loss
+
+        def loss_of(self, out, b):
+            return loss_fn(task.kind, out, b)[0]
 
         def on_before_optimizer_step(self, optimizer):
             # our own clipping: Lightning refuses to clip for fused optimizers under AMP;
@@ -186,7 +269,10 @@ def train(task: Task, mixer: str, knobs: dict[str, Any] | None = None,
             return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     lit = Lit()
-    state = {"best": None, "best_val": None, "eval_time": 0.0, "t0": None}
+    # eval_t: when the validation pass under way started (its time is not training time);
+    # hook_error: what on_eval raised, to tell it from the mechanism's own failures
+    state = {"best": None, "best_val": None, "eval_time": 0.0, "t0": None, "eval_t": None,
+             "hook_error": None}
 
     def better(a: float, b: float | None) -> bool:
         return b is None or (a > b if primary.higher_is_better else a < b)
@@ -203,7 +289,7 @@ def train(task: Task, mixer: str, knobs: dict[str, Any] | None = None,
             # that training time counts the device's work, not just the host's launches (with CUDA
             # graphs the host runs hundreds of steps ahead)
             train_loss = float(lit.loss_sum / lit.loss_n.clamp_min(1))
-            t = time.perf_counter()
+            t = state["eval_t"] = time.perf_counter()
             lit.loss_sum.zero_()
             lit.loss_n.zero_()
             val = evaluate(model, task, data["val"], cfg.eval_batch_size, precision)
@@ -224,8 +310,13 @@ def train(task: Task, mixer: str, knobs: dict[str, Any] | None = None,
                 res.best_step = step
                 res.val = val
             state["eval_time"] += time.perf_counter() - t
+            state["eval_t"] = None
             if on_eval is not None:
-                on_eval(step, val)
+                try:
+                    on_eval(step, val)
+                except BaseException as e:
+                    state["hook_error"] = e
+                    raise
             if cfg.early_stop is not None and (
                     val[primary.name] >= cfg.early_stop if primary.higher_is_better
                     else val[primary.name] <= cfg.early_stop):
@@ -236,31 +327,63 @@ def train(task: Task, mixer: str, knobs: dict[str, Any] | None = None,
                          barebones=True, callbacks=[*(callbacks or []), Evaluator()])
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
+    sigint = signal.getsignal(signal.SIGINT)
+    interrupted = None
     try:
         trainer.fit(lit, train_dataloaders=range(cfg.steps))
     except Diverged as e:
         res.state, res.reason = "FAIL", str(e)
+    except UsageError:
+        raise
+    except SystemExit as e:
+        if (interrupted := _interrupt_of(e)) is None:
+            raise
+    except Exception as e:
+        if (interrupted := _interrupt_of(e)) is None:
+            if _raised_by_caller(e, state["hook_error"], callbacks):
+                raise
+            fail(e, f"training {mixer} at step {trainer.global_step}")
+    finally:
+        state["hook_error"] = None
+        _restore_sigint(sigint)
+    if interrupted is not None:
+        raise interrupted     # as it came: the caller (the command line: exit 130) handles it
     t_end = time.perf_counter()
-    model.to(dev)            # Lightning's teardown moves the module back to the CPU
+    if state["eval_t"] is not None:      # failed inside a validation pass
+        state["eval_time"] += t_end - state["eval_t"]
     res.steps = trainer.global_step
     train_time = (t_end - state["t0"] - state["eval_time"]) if state["t0"] else 0.0
     res.train_time_s = train_time
     res.steps_per_s = res.steps / train_time if train_time > 0 else 0.0
     res.tokens_per_s = res.steps_per_s * tokens_per_step
-    mixers = mixers_of(model)
-    res.backend = "+".join(sorted({getattr(m, "backend", "torch") for m in mixers}))
-    res.state_size = sum(int(m.state_size(task.seq_len)) for m in mixers
-                         if hasattr(m, "state_size"))
+    try:
+        mixers = mixers_of(model)
+        res.backend = "+".join(sorted({getattr(m, "backend", "torch") for m in mixers}))
+        res.state_size = sum(int(m.state_size(task.seq_len)) for m in mixers
+                             if hasattr(m, "state_size"))
+    except UsageError:
+        raise
+    except Exception as e:
+        if res.state == "COMPLETE":     # after a failure, a second error here says nothing new
+            fail(e, f"reading {mixer}'s backend and state size")
     if res.state == "COMPLETE":
-        if state["best"] is not None:
-            model.load_state_dict(state["best"])
-        res.test = evaluate(model, task, data["test"], cfg.eval_batch_size, precision)
-        if not math.isfinite(res.test[primary.name]):
-            res.state, res.reason = "FAIL", "non-finite test metric"
-    if dev.type == "cuda":
-        res.peak_mem_bytes = int(torch.cuda.max_memory_allocated(dev))
+        try:
+            model.to(dev)    # Lightning's teardown moves the module back to the CPU
+            if state["best"] is not None:
+                model.load_state_dict(state["best"])
+            test = evaluate(model, task, data["test"], cfg.eval_batch_size, precision)
+        except UsageError:
+            raise
+        except Exception as e:
+            fail(e, f"scoring {mixer} on the test split")
+        else:
+            res.test = test
+            if not math.isfinite(res.test[primary.name]):
+                res.state, res.reason = "FAIL", "non-finite test metric"
+    if res.state == "COMPLETE":
+        res.peak_mem_bytes = peak_mem()
     else:
-        import resource
-        res.peak_mem_bytes = int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+        with contextlib.suppress(Exception):   # a device left unusable by the failure may refuse even this
+            res.peak_mem_bytes = peak_mem()
     res.wall_time_s = time.perf_counter() - t_start
     return res

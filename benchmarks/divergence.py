@@ -1,0 +1,164 @@
+"""Find where a training run goes non-finite, and why: train with the per-step capture
+(``mixzoo.train.capture.NonFiniteCapture``), then, on the captured step, compare every mixer's fast
+path with its float64 reference and, for LLA, describe the estimator (query and key norms, how
+peaked the softmax is, the smallest eigenvalue of the weighted key covariance, the boundary
+amplification η = (k̄ - q)ᵀ(Σ_KK + λI)⁻¹(k̄ - q), the L1 norm of the effective value weights).
+
+    python benchmarks/divergence.py CASE [--model M] [--steps N] [--out DIR] [--hp k=v ...]
+
+Cases (the configurations of the GPU reports; ``--hp`` overrides any key):
+  mqar512   mqar V=8192 L=512 kv=32, zoology recipe, d_model 128, 2 heads, batch 128, lr 3e-3, 4000 steps
+  state48   state-tracking N=48, d_model 128, 2 layers, batch 128, lr 1e-3, 10000 steps
+  selcopy   mad-selective-copy, mad recipe, lr 1e-3, 4000 steps (mamba's NaN)
+Prints one summary; writes the capture and a JSON report under --out.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from mixzoo.api import make_task, split_hparams
+from mixzoo.commands import literal, parse_pairs
+from mixzoo.models import build_model, mixers_of
+from mixzoo.train import train
+from mixzoo.train.capture import NonFiniteCapture, replay_mixer
+
+CASES = {
+    "mqar512": dict(task="mqar", knobs=dict(V=8192, L=512, kv=32), recipe="zoology",
+                    hp=dict(d_model=128, num_heads=2, batch_size=128, lr=3e-3, steps=4000, eval_every=250)),
+    "state48": dict(task="state-tracking", knobs=dict(N=48), recipe="zoology",
+                    hp=dict(d_model=128, num_heads=2, n_layers=2, batch_size=128, lr=1e-3, steps=10000,
+                            eval_every=500)),
+    "selcopy": dict(task="mad-selective-copy", knobs={}, recipe="mad",
+                    hp=dict(lr=1e-3, steps=4000, eval_every=250)),
+}
+
+
+def quantiles(t: torch.Tensor) -> dict[str, float]:
+    t = t.double().flatten()
+    t = t[torch.isfinite(t)]
+    if t.numel() == 0:
+        return {}
+    if t.numel() > 1_000_000:
+        t = t[torch.randperm(t.numel(), device=t.device)[:1_000_000]]
+    qs = torch.quantile(t, torch.tensor([0.5, 0.99], dtype=t.dtype, device=t.device))
+    return {"p50": float(qs[0]), "p99": float(qs[1]), "max": float(t.max()), "min": float(t.min())}
+
+
+@torch.no_grad()
+def lla_estimator_stats(layer, x: torch.Tensor, n_seq: int = 4) -> dict[str, dict]:
+    """The estimator at the captured input, in float64, for the first ``n_seq`` sequences."""
+    from mixzoo.kernels.lla.reference import _causal_softmax, _solve_directions
+    from mixzoo.models.common import rope, split_heads
+    m = copy.deepcopy(layer).double()
+    x = x[:n_seq].double()
+    q, k, v = (split_heads(t, m.h) for t in m.qkv(x).chunk(3, dim=-1))
+    if m.use_rope:
+        q, k = rope(q), rope(k)
+    lam = m.ridge().double()[None, :, None]
+    D = q.shape[-1]
+    a = _causal_softmax(q, k, D ** -0.5, 0)                                   # (B, H, T, T)
+    y, kbar = _solve_directions(q, k, a, lam)
+    kk = (k.unsqueeze(-1) * k.unsqueeze(-2)).flatten(-2)
+    cov = (a @ kk).unflatten(-1, (D, D)) - kbar.unsqueeze(-1) * kbar.unsqueeze(-2)
+    cov = 0.5 * (cov + cov.transpose(-1, -2))
+    fin = torch.isfinite(cov).all(-1).all(-1)
+    try:
+        eig_min = torch.linalg.eigvalsh(cov[fin])[..., 0]
+    except RuntimeError:                      # eigh itself can fail on wild matrices: say so
+        eig_min = torch.full((1,), float("nan"))
+    eta = ((kbar - q) * y).sum(-1)
+    w = a * (1 - (k @ y.transpose(-1, -2)).transpose(-1, -2) + (kbar * y).sum(-1, keepdim=True))
+    vbar = a @ v
+    o = w @ v
+    return {"ridge": quantiles(lam), "q_norm": quantiles(q.norm(dim=-1)), "k_norm": quantiles(k.norm(dim=-1)),
+            "v_norm": quantiles(v.norm(dim=-1)), "nonfinite_cov_rows": {"n": float((~fin).sum())}, "a_max": quantiles(a.max(-1).values),
+            "kbar_minus_q": quantiles((kbar - q).norm(dim=-1)), "cov_eig_min": quantiles(eig_min),
+            "eta": quantiles(eta), "y_norm": quantiles(y.norm(dim=-1)), "weights_l1": quantiles(w.abs().sum(-1)),
+            "o_over_vbar": quantiles(o.norm(dim=-1) / vbar.norm(dim=-1).clamp_min(1e-30))}
+
+
+def analyse(capture_path: Path, case: dict, model_name: str, knobs: dict, device) -> dict:
+    rec = torch.load(capture_path, weights_only=False)
+    task = make_task(case["task"], case["knobs"])
+    _, mcfg, mix = split_hparams(case["hp"], case["recipe"])
+    model = build_model(task.backbone, model_name, {**mix, **knobs}, mcfg,
+                        vocab=task.vocab_size if task.kind == "classification" else 0,
+                        d_in=task.d_in, d_out=task.d_out)
+    model.load_state_dict(rec["state_dict"])
+    out = {"step": rec["step"], "loss": rec["loss"], "first_forward": rec["forward"],
+           "first_backward": rec["backward"], "nonfinite_grads": rec["nonfinite_grads_in_step"][:20],
+           "forward_max_abs": dict(sorted(rec["forward_max_abs"].items(), key=lambda kv: -kv[1])[:12]),
+           "mixers": []}
+    for i, mixer in enumerate(mixers_of(model)):
+        if i not in rec["mixer_in"] or i not in rec["mixer_grad_out"]:
+            continue
+        x, g = rec["mixer_in"][i], rec["mixer_grad_out"][i]
+        r = {"layer": i, "input_finite": bool(torch.isfinite(x).all()), "grad_out_finite": bool(torch.isfinite(g).all())}
+        n = min(len(x), 16)
+        try:
+            r["replay"] = replay_mixer(mixer, x[:n], g[:n], device=device)
+        except Exception as e:  # the report says what failed rather than stopping the analysis
+            r["replay_error"] = f"{type(e).__name__}: {e}"
+        if model_name == "lla":
+            r["estimator"] = lla_estimator_stats(mixer.to(device), x.to(device))
+        out["mixers"].append(r)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("case", choices=sorted(CASES))
+    p.add_argument("--model", default="lla")
+    p.add_argument("--steps", type=int)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hp", action="append", metavar="K=V", help="override a hyperparameter or mechanism knob")
+    p.add_argument("--out", default="divergence-out")
+    a = p.parse_args(argv)
+    case = copy.deepcopy(CASES[a.case])
+    case["hp"].update({k: literal(v) for k, v in parse_pairs(a.hp, "--hp").items()})
+    if a.steps:
+        case["hp"]["steps"] = a.steps
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    task = make_task(case["task"], case["knobs"])
+    tcfg, mcfg, mix = split_hparams(case["hp"], case["recipe"])
+    out_dir = Path(a.out) / f"{a.case}-{a.model}-s{a.seed}"
+    cap = NonFiniteCapture(out_dir, meta={"case": a.case, "model": a.model, "seed": a.seed, **case})
+    t0 = time.time()
+    tag = f"[{a.case} {a.model} seed {a.seed}]"
+    res = train(task, a.model, mix, mcfg, tcfg, seed=a.seed, device=str(dev), callbacks=[cap],
+                log=lambda s: print(tag, s, flush=True))
+    report = {"case": a.case, "model": a.model, "seed": a.seed, "hp": case["hp"], "state": res.state,
+              "reason": res.reason, "steps": res.steps, "backend": res.backend, "test": res.test,
+              "steps_per_s": res.steps_per_s, "wall_s": time.time() - t0,
+              "history": [{k: h[k] for k in ("step", "train_loss", task.primary.name) if k in h} for h in res.history]}
+    if cap.path is not None:
+        report["analysis"] = analyse(cap.path, case, a.model, {}, dev)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "report.json").write_text(json.dumps(report, indent=1, default=str))
+    print(tag, f"state {res.state} after {res.steps} steps ({res.backend}, {res.steps_per_s:.1f} steps/s); "
+          f"test {task.primary.name} {res.test.get(task.primary.name, math.nan):.4f}; {res.reason}")
+    if "analysis" in report:
+        an = report["analysis"]
+        print(tag, f"first non-finite forward: {an['first_forward']}; backward: {an['first_backward']}; "
+              f"grads: {an['nonfinite_grads'][:4]}")
+        for r in an["mixers"]:
+            rp = r.get("replay", {})
+            print(tag, f"layer {r['layer']}: input finite {r['input_finite']}, grad_out finite {r['grad_out_finite']}; "
+                  f"fast ({rp.get('fast_backend')}) vs f64: out finite {rp.get('out_finite')} rel {rp.get('out_rel', math.nan):.3g}, "
+                  f"dx finite {rp.get('dx_finite')} rel {rp.get('dx_rel', math.nan):.3g}; f64 out finite "
+                  f"{rp.get('ref_out_finite')}, dx finite {rp.get('ref_dx_finite')} {r.get('replay_error', '')}")
+            for name, s in r.get("estimator", {}).items():
+                print(tag, f"    {name:<14} " + " ".join(f"{k} {v:.3g}" for k, v in s.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
