@@ -79,7 +79,8 @@ def lla_estimator_stats(layer, x: torch.Tensor, n_seq: int = 4) -> dict[str, dic
     vbar = a @ v
     o = w @ v
     return {"ridge": quantiles(lam), "q_norm": quantiles(q.norm(dim=-1)), "k_norm": quantiles(k.norm(dim=-1)),
-            "v_norm": quantiles(v.norm(dim=-1)), "nonfinite_cov_rows": {"n": float((~fin).sum())}, "a_max": quantiles(a.max(-1).values),
+            "v_norm": quantiles(v.norm(dim=-1)),
+            "nonfinite_cov_rows": {"n": float((~fin).sum())}, "a_max": quantiles(a.max(-1).values),
             "kbar_minus_q": quantiles((kbar - q).norm(dim=-1)), "cov_eig_min": quantiles(eig_min),
             "eta": quantiles(eta), "y_norm": quantiles(y.norm(dim=-1)), "weights_l1": quantiles(w.abs().sum(-1)),
             "o_over_vbar": quantiles(o.norm(dim=-1) / vbar.norm(dim=-1).clamp_min(1e-30))}
@@ -152,7 +153,8 @@ def main(argv=None) -> int:
         for r in an["mixers"]:
             rp = r.get("replay", {})
             print(tag, f"layer {r['layer']}: input finite {r['input_finite']}, grad_out finite {r['grad_out_finite']}; "
-                  f"fast ({rp.get('fast_backend')}) vs f64: out finite {rp.get('out_finite')} rel {rp.get('out_rel', math.nan):.3g}, "
+                  f"fast ({rp.get('fast_backend')}) vs f64: out finite {rp.get('out_finite')} "
+                  f"rel {rp.get('out_rel', math.nan):.3g}, "
                   f"dx finite {rp.get('dx_finite')} rel {rp.get('dx_rel', math.nan):.3g}; f64 out finite "
                   f"{rp.get('ref_out_finite')}, dx finite {rp.get('ref_dx_finite')} {r.get('replay_error', '')}")
             for name, s in r.get("estimator", {}).items():

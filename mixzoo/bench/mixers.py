@@ -3,7 +3,9 @@
 Default shape: batch 8, length 1024, width 128, 2 heads, one mixer layer, bf16 autocast on a
 GPU (float32 on a CPU); the time is the median of timed steps after warm-up (a mechanism's
 first GPU call may autotune Triton kernels for minutes). ``--quick``: batch 2, length 64,
-width 32, for a smoke run on a CPU in seconds.
+width 32, for a smoke run on a CPU in seconds. ``--shape mad``: the mad recipe's layer (width 128
+in 16 heads of 8) at MAD's baseline shape (batch 128, length 128). The table gives each time as a
+multiple of softmax's when softmax is among the rows.
 
 Mechanisms: all registered, or those named (``MIXZOO_BENCH_MIXERS=a,b`` or on the command line);
 ``NAME:KEY=V[,KEY=V]`` times a variant, e.g. ``mamba:allow_neg_eigval=true``.
@@ -18,6 +20,9 @@ import time
 
 FULL = dict(batch=8, seq_len=1024, d_model=128, num_heads=2, warmup=3, iters=20)
 QUICK = dict(batch=2, seq_len=64, d_model=32, num_heads=2, warmup=1, iters=3)
+# the mad recipe's layer at MAD's baseline training shape: width 128 in 16 heads of 8, batch 128, length 128
+MAD = dict(batch=128, seq_len=128, d_model=128, num_heads=16, warmup=3, iters=20)
+SHAPES = {"default": FULL, "quick": QUICK, "mad": MAD}
 
 
 def bench_mixers(names=None, *, batch: int = 8, seq_len: int = 1024, d_model: int = 128, num_heads: int = 2,
@@ -96,13 +101,16 @@ def progress_line(row: dict) -> str:
 def format_table(rows: list[dict]) -> str:
     wm = max([len("mechanism")] + [len(label(r)) for r in rows])
     wb = max([len("backend")] + [len(r.get("backend", "")) for r in rows])
-    lines = [f"{'mechanism':<{wm}} {'backend':<{wb}} {'params':>9} {'fwd+bwd ms':>11} {'peak MiB':>9} {'warm-up s':>9}"]
+    base = next((r["ms"] for r in rows if r["mechanism"] == "softmax" and not r.get("knobs") and "ms" in r), None)
+    lines = [f"{'mechanism':<{wm}} {'backend':<{wb}} {'params':>9} {'fwd+bwd ms':>11} {'x softmax':>9} "
+             f"{'peak MiB':>9} {'warm-up s':>9}"]
     for r in rows:
         if "error" in r:
             lines.append(f"{label(r):<{wm}} error: {r['error']}")
             continue
         mem = f"{r['peak_mem_bytes'] / 2**20:.1f}" if r.get("peak_mem_bytes") is not None else "-"
-        lines.append(f"{label(r):<{wm}} {r['backend']:<{wb}} {r['params']:>9} {r['ms']:>11.2f} {mem:>9} "
+        ratio = f"{r['ms'] / base:.2f}" if base else "-"
+        lines.append(f"{label(r):<{wm}} {r['backend']:<{wb}} {r['params']:>9} {r['ms']:>11.2f} {ratio:>9} {mem:>9} "
                      f"{r['warmup_s']:>9}")
     return "\n".join(lines)
 
@@ -121,7 +129,7 @@ def parse_names(items: list[str]) -> list:
 
 def main(args) -> int:
     import torch
-    shape = QUICK if getattr(args, "quick", False) else FULL
+    shape = QUICK if getattr(args, "quick", False) else SHAPES[getattr(args, "shape", None) or "default"]
     dev = getattr(args, "device", "auto")
     dev = None if dev in (None, "", "auto") else dev
     device = dev or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -39,11 +39,12 @@ def _tensors(x):
     return []
 
 
-def locate_nonfinite(model: nn.Module, run_forward, loss_of) -> dict[str, Any]:
+def locate_nonfinite(model: nn.Module, run_forward, loss_of, keep: int = 16) -> dict[str, Any]:
     """Run ``loss_of(run_forward())`` and its backward with hooks on every named module.
 
     Returns the first module with a non-finite forward output, the first (in backward order) with a
-    non-finite gradient of its output, each mixer's input and output gradient, and the loss."""
+    non-finite gradient of its output, each mixer's input and output gradient (the first ``keep``
+    examples), and the loss."""
     names = {m: n for n, m in model.named_modules() if n}
     mixers = {id(m): i for i, m in enumerate(mixers_of(model))}
     found: dict[str, Any] = {"forward": None, "backward": None, "mixer_in": {}, "mixer_grad_out": {},
@@ -58,13 +59,13 @@ def locate_nonfinite(model: nn.Module, run_forward, loss_of) -> dict[str, Any]:
         if found["forward"] is None and not all(_finite(t) for t in outs):
             found["forward"] = name
         if id(mod) in mixers:
-            found["mixer_in"][mixers[id(mod)]] = args[0].detach().cpu()
+            found["mixer_in"][mixers[id(mod)]] = args[0].detach()[:keep].cpu()
 
     def bwd(mod, grad_in, grad_out):
         if found["backward"] is None and not all(_finite(t) for t in _tensors(grad_out)):
             found["backward"] = names[mod]
         if id(mod) in mixers:
-            found["mixer_grad_out"][mixers[id(mod)]] = grad_out[0].detach().cpu()
+            found["mixer_grad_out"][mixers[id(mod)]] = grad_out[0].detach()[:keep].cpu()
 
     for m in names:
         handles.append(m.register_forward_hook(fwd))

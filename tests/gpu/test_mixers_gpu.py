@@ -103,3 +103,33 @@ def test_mesa_contract_and_fast_path_on_gpu(d_model, seq_len):
     for r in results:
         print("mesa", d_model, seq_len, r.status, r.check, r.detail)
     assert all(r.ok for r in results), [r for r in results if not r.ok]
+
+
+# the mad recipe's heads (width 128 in 16 heads of 8) are narrower than fla's kernels take
+# (tl.dot K >= 16): each fla path runs them zero-padded to 16 and must match its reference
+@pytest.mark.parametrize("name", ["parallax", "gla", "gdn", "mamba"])
+def test_fast_path_at_mad_head_width(name):
+    from mixzoo.check import check_mixer
+    results = check_mixer(name, device="cuda", d_model=128, num_heads=16, seq_len=100)
+    for r in results:
+        print(name, "16 heads", r.status, r.check, r.detail)
+    assert all(r.ok for r in results), [r for r in results if not r.ok]
+
+
+def test_mad_shape_step_time_within_3x_softmax():
+    """Mamba, MesaNet and GDN at the mad recipe's layer and MAD's baseline shape, side by side."""
+    from mixzoo.bench.mixers import MAD, bench_mixers, format_table
+    rows = bench_mixers(["softmax", "mamba", "gdn", "mesa"], **MAD)
+    print("\n" + format_table(rows))
+    by = {r["mechanism"]: r for r in rows}
+    assert all("error" not in r for r in rows), rows
+    for name in ("mamba", "gdn", "mesa"):
+        assert by[name]["ms"] <= 3 * by["softmax"]["ms"], (name, by[name]["ms"], by["softmax"]["ms"])
+
+
+def test_mesa_fast_path_at_mad_head_width():
+    from mixzoo.check import check_mixer
+    results = check_mixer("mesa", device="cuda", d_model=128, num_heads=16, seq_len=100)
+    for r in results:
+        print("mesa 16 heads", r.status, r.check, r.detail)
+    assert all(r.ok for r in results), [r for r in results if not r.ok]

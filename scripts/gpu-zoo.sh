@@ -1,0 +1,49 @@
+#!/bin/bash
+# The GPU runs behind the zoo-matrix work (run from the repository root on the lent GPU machine,
+# with .whl/ and .gpu/ carried and $OUT set). Parts, any number, run at once in the background:
+#   zoo          mixzoo check-zoo over the whole matrix (W workers, default 10)
+#   div:CASE:M   benchmarks/divergence.py CASE --model M (CASE: mqar512 state48 selcopy; HP="k=v ..." extra)
+#   build        scripts/build-mamba-ssm.sh from .gpu/*.tar.gz (wheels to .gpu/build, then installed)
+#   madbench     mixzoo bench mixers --shape mad (alone: run it as the only part)
+#   gputests     pytest -m gpu on K (a file list, default the zoo-unrelated mixer tests)
+# T: seconds for every part (default 540). Logs, JSON and captures are packed into $OUT/logs.tgz,
+# Triton's autotune results into $OUT/at.tgz (unpacked from .gpu/at*.tgz at the start), built
+# mamba-ssm wheels (under 45 MiB) into $OUT/mw.part-* (cat them | tar x into .gpu/, as .gpu/mamba-whl).
+set -o pipefail
+export PYTHONUNBUFFERED=1 TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR=$PWD/.triton-cache/zoo
+site=/tmp/site
+[ -d $site/fla ] || python3 -m pip install -q --no-index --no-deps --no-compile --target $site .whl/*.whl
+[ -d .gpu/mamba-whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --target $site .gpu/mamba-whl/*.whl
+export PYTHONPATH=$site:$PWD MIXZOO_SITE=$site
+mkdir -p $TRITON_CACHE_DIR logs
+for f in .gpu/at*.tgz; do [ -f $f ] && tar xzf $f -C $TRITON_CACHE_DIR; done
+pack() {
+  (cd $TRITON_CACHE_DIR && find . -name '*.autotune.json' | tar czf $OUT/at.tgz -T -)
+  tar czf $OUT/logs.tgz --exclude='*.pt' logs       # captures stay behind; their report.json comes back
+  if ls .gpu/build/wheels/*.whl >/dev/null 2>&1; then  # built wheels, in pieces under the 16 MiB file limit
+    n=$(du -m -c .gpu/build/wheels/*.whl | tail -n 1 | cut -f1)
+    [ "$n" -le 45 ] && tar cf - -C .gpu/build wheels | split -b 15m - $OUT/mw.part- || echo "wheels: $n MiB, not brought back"
+  fi
+}
+trap pack EXIT
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee logs/nvidia-smi.txt
+T=${T:-540}
+pids=()
+for part in "$@"; do
+  case $part in
+    zoo) timeout $T python3 -m mixzoo --results logs/zoo-res check-zoo --workers ${W:-10} --out logs/zoo.json \
+           ${ZOO_ARGS} > logs/zoo.log 2>&1 & pids+=($!) ;;
+    div:*) IFS=: read -r _ c m <<< "$part"
+           timeout $T python3 benchmarks/divergence.py $c --model $m --out logs/div ${HP:+$(printf -- '--hp %s ' $HP)} \
+             > logs/div-$c-$m.log 2>&1 & pids+=($!) ;;
+    build) (t0=$(date +%s); MAX_JOBS=${JOBS:-6} timeout $T bash scripts/build-mamba-ssm.sh .gpu .gpu/build \
+             > logs/build.log 2>&1; cp .gpu/build/*.txt .gpu/build/*.log logs/ 2>/dev/null; echo "build rc $? in $(( $(date +%s) - t0 )) s" >> logs/build.log) & pids+=($!) ;;
+    madbench) timeout $T python3 -m mixzoo bench mixers --shape mad ${MIXERS} --out logs/madbench.json \
+             > logs/madbench.log 2>&1 & pids+=($!) ;;
+    gputests) timeout $T python3 -m pytest -q -m gpu -rA ${K:-tests/gpu} > logs/gputests.log 2>&1 & pids+=($!) ;;
+    *) echo "unknown part $part"; exit 2 ;;
+  esac
+done
+for p in "${pids[@]}"; do wait $p; done
+tail -n 3 logs/*.log
+grep -h -E "^(FAIL|COMPLETE|skip) " logs/zoo.log 2>/dev/null | grep -v "^COMPLETE" | head -40
