@@ -54,7 +54,7 @@ def quantiles(t: torch.Tensor) -> dict[str, float]:
 
 @torch.no_grad()
 def lla_estimator_stats(layer, x: torch.Tensor, n_seq: int = 4) -> dict[str, dict]:
-    """The estimator at the captured input, in float64, for the first ``n_seq`` sequences."""
+    """The estimator at the captured input, in float64, for the first ``n_seq`` sequences of ``x``."""
     from mixzoo.kernels.lla.reference import _causal_softmax, _solve_directions
     from mixzoo.models.common import rope, split_heads
     m = copy.deepcopy(layer).double()
@@ -97,19 +97,27 @@ def analyse(capture_path: Path, case: dict, model_name: str, knobs: dict, device
     out = {"step": rec["step"], "loss": rec["loss"], "first_forward": rec["forward"],
            "first_backward": rec["backward"], "nonfinite_grads": rec["nonfinite_grads_in_step"][:20],
            "forward_max_abs": dict(sorted(rec["forward_max_abs"].items(), key=lambda kv: -kv[1])[:12]),
+           "backward_max_abs": dict(sorted(rec["backward_max_abs"].items(), key=lambda kv: -kv[1])[:12]),
+           "grad_norms_in_step": dict(sorted(rec["grad_norms_in_step"].items(), key=lambda kv: -kv[1])[:12]),
+           "grad_norms_replay": dict(sorted(rec["grad_norms"].items(), key=lambda kv: -kv[1])[:12]),
            "mixers": []}
     for i, mixer in enumerate(mixers_of(model)):
         if i not in rec["mixer_in"] or i not in rec["mixer_grad_out"]:
             continue
         x, g = rec["mixer_in"][i], rec["mixer_grad_out"][i]
         r = {"layer": i, "input_finite": bool(torch.isfinite(x).all()), "grad_out_finite": bool(torch.isfinite(g).all())}
-        n = min(len(x), 16)
+        worst = list(range(min(4, len(x))))
         try:
-            r["replay"] = replay_mixer(mixer, x[:n], g[:n], device=device)
+            rp = r["replay"] = replay_mixer(mixer, x, g, device=device)
+            fast = torch.tensor(rp["fast_dx_max_per_example"])
+            worst = fast.nan_to_num(float("inf")).argsort(descending=True)[:4].tolist()
+            r["worst_examples"] = {i: (rp["fast_dx_max_per_example"][i], rp["f64_dx_max_per_example"][i])
+                                   for i in worst}
         except Exception as e:  # the report says what failed rather than stopping the analysis
             r["replay_error"] = f"{type(e).__name__}: {e}"
         if model_name == "lla":
             r["estimator"] = lla_estimator_stats(mixer.to(device), x.to(device))
+            r["estimator_worst"] = lla_estimator_stats(mixer.to(device), x[worst].to(device))
         out["mixers"].append(r)
     return out
 
@@ -150,6 +158,8 @@ def main(argv=None) -> int:
         an = report["analysis"]
         print(tag, f"first non-finite forward: {an['first_forward']}; backward: {an['first_backward']}; "
               f"grads: {an['nonfinite_grads'][:4]}")
+        for key in ("grad_norms_in_step", "grad_norms_replay", "backward_max_abs", "forward_max_abs"):
+            print(tag, key + ": " + ", ".join(f"{k} {v:.3g}" for k, v in list(an[key].items())[:6]))
         for r in an["mixers"]:
             rp = r.get("replay", {})
             print(tag, f"layer {r['layer']}: input finite {r['input_finite']}, grad_out finite {r['grad_out_finite']}; "
@@ -157,8 +167,12 @@ def main(argv=None) -> int:
                   f"rel {rp.get('out_rel', math.nan):.3g}, "
                   f"dx finite {rp.get('dx_finite')} rel {rp.get('dx_rel', math.nan):.3g}; f64 out finite "
                   f"{rp.get('ref_out_finite')}, dx finite {rp.get('ref_dx_finite')} {r.get('replay_error', '')}")
-            for name, s in r.get("estimator", {}).items():
-                print(tag, f"    {name:<14} " + " ".join(f"{k} {v:.3g}" for k, v in s.items()))
+            if "worst_examples" in r:
+                print(tag, "    worst examples (max |dx| fast, f64): " + ", ".join(
+                    f"{i}: {a:.3g} / {b:.3g}" for i, (a, b) in r["worst_examples"].items()))
+            for which in ("estimator", "estimator_worst"):
+                for name, st in r.get(which, {}).items():
+                    print(tag, f"    {which[9:] or 'first'} {name:<14} " + " ".join(f"{k} {v:.3g}" for k, v in st.items()))
     return 0
 
 

@@ -149,6 +149,14 @@ def run_cell(cell: Cell, results: str, device: str) -> Cell:
     return cell
 
 
+FAULT_EXIT = 3       # a worker whose CUDA context a kernel fault poisoned exits with this
+WORKER = [sys.executable, "-m", "mixzoo.zoo"]     # + CELLS.json OUT.jsonl RESULTS DEVICE
+
+
+def _poisoned(c: Cell) -> bool:
+    return c.state == "FAIL" and ("AcceleratorError" in c.reason or "CUDA error" in c.reason)
+
+
 def _worker(cells_file: str, out_file: str, results: str, device: str) -> int:
     cells = [Cell(**c) for c in json.loads(Path(cells_file).read_text())]
     with open(out_file, "a") as f:
@@ -157,7 +165,48 @@ def _worker(cells_file: str, out_file: str, results: str, device: str) -> int:
             f.write(json.dumps(asdict(c)) + "\n")
             f.flush()
             print(line(c), flush=True)
+            if _poisoned(c):          # every later cell of this process would fail the same way
+                return FAULT_EXIT
     return 0
+
+
+def _key(c: Cell) -> tuple:
+    return (c.mechanism, c.setting, c.lr)
+
+
+def _run_shards(shards: list[list[Cell]], res_dir: Path, device: str) -> list[Cell]:
+    """Run each shard in a worker process; a worker that dies (a kernel fault poisons its CUDA
+    context, or a crash) is replaced by a fresh one for the cells it had not reported."""
+    done: list[Cell] = []
+    with tempfile.TemporaryDirectory(prefix="mixzoo-zoo-") as tmp:
+        def start(i: int, n: int, cells: list[Cell]):
+            cf, of = Path(tmp) / f"cells{i}-{n}.json", Path(tmp) / f"out{i}-{n}.jsonl"
+            cf.write_text(json.dumps([asdict(c) for c in cells]))
+            cmd = [*WORKER, str(cf), str(of), str(res_dir), device]
+            return subprocess.Popen(cmd, env=os.environ.copy()), of, cells, i, n
+        running = [start(i, 0, sh) for i, sh in enumerate(shards) if sh]
+        while running:
+            still = []
+            for p, of, cells, i, n in running:
+                rc = p.poll()
+                if rc is None:
+                    still.append((p, of, cells, i, n))
+                    continue
+                got = [Cell(**json.loads(x)) for x in of.read_text().splitlines()] if of.exists() else []
+                done.extend(got)
+                seen = {_key(c) for c in got}
+                rest = [c for c in cells if _key(c) not in seen]
+                if rest and rc != FAULT_EXIT:   # died inside a cell: that cell failed, the rest go on
+                    rest[0].state, rest[0].reason = "FAIL", f"worker exited with code {rc} during this cell"
+                    done.append(rest[0])
+                    print(line(rest[0]), flush=True)
+                    rest = rest[1:]
+                if rest:
+                    still.append(start(i, n + 1, rest))
+            running = still
+            if running:
+                time.sleep(0.5)
+    return done
 
 
 def line(c: Cell) -> str:
@@ -187,25 +236,9 @@ def main(args) -> int:
     for g in sorted(groups.values(), key=len, reverse=True):     # whole mechanisms, fewest cells first
         min(shards, key=len).extend(g)
     t0 = time.time()
-    done: list[Cell] = []
-    with tempfile.TemporaryDirectory(prefix="mixzoo-zoo-") as tmp:
-        procs = []
-        for i, shard in enumerate(shards):
-            cf, of = Path(tmp) / f"cells{i}.json", Path(tmp) / f"out{i}.jsonl"
-            cf.write_text(json.dumps([asdict(c) for c in shard]))
-            cmd = [sys.executable, "-m", "mixzoo.zoo", str(cf), str(of), str(res_dir), args.device]
-            procs.append((subprocess.Popen(cmd, env=os.environ.copy()), of, shard))
-        for p, of, shard in procs:
-            rc = p.wait()
-            got = [Cell(**json.loads(s)) for s in of.read_text().splitlines()] if of.exists() else []
-            seen = {(c.mechanism, c.setting, c.lr) for c in got}
-            for c in shard:                      # cells a dead worker never reported
-                if (c.mechanism, c.setting, c.lr) not in seen:
-                    c.state, c.reason = "FAIL", f"worker exited with code {rc} before this cell finished"
-                    got.append(c)
-            done.extend(got)
-    order = {(c.mechanism, c.setting, c.lr): i for i, c in enumerate(cells)}
-    done.sort(key=lambda c: order[(c.mechanism, c.setting, c.lr)])
+    done = _run_shards(shards, res_dir, args.device)
+    order = {_key(c): i for i, c in enumerate(cells)}
+    done.sort(key=lambda c: order[_key(c)])
     print(f"\n{'state':<8} {'mechanism':<10} {'setting':<30} {'lr':<9} {'backend':<28} metric")
     for c in done:
         print(line(c))

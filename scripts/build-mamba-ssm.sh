@@ -8,6 +8,7 @@
 # Both packages' setup.py compile for ten architectures; the build keeps only sm_90 (their
 # -gencode lines are replaced), which is what makes it fit a machine's lease. Wheels land in
 # OUT_DIR/wheels; build times and wheel sizes are printed and written to OUT_DIR/build.txt.
+# ONLY="mamba_ssm" builds that one alone (causal-conv1d's wheel already installed).
 set -euo pipefail
 src=$(cd "${1:?sdist folder}" && pwd)
 out=$(mkdir -p "${2:?output folder}" && cd "$2" && pwd)
@@ -16,7 +17,7 @@ export MAX_JOBS=${MAX_JOBS:-$(nproc)} NVCC_THREADS=${NVCC_THREADS:-2} TORCH_CUDA
 export CAUSAL_CONV1D_FORCE_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE
 report="$out/build.txt"
 : > "$report"
-for pkg in causal_conv1d mamba_ssm; do
+for pkg in ${ONLY:-causal_conv1d mamba_ssm}; do     # ONLY=mamba_ssm when causal-conv1d's wheel is at hand
   tarball=$(ls "$src"/${pkg}-*.tar.gz | head -n 1)
   tar xzf "$tarball" -C "$work"
   dir=$(ls -d "$work"/${pkg}-*/ | head -n 1)

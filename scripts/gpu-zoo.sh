@@ -5,7 +5,8 @@
 #   div:CASE:M   benchmarks/divergence.py CASE --model M (CASE: mqar512 state48 selcopy; HP="k=v ..." extra)
 #   build        scripts/build-mamba-ssm.sh from .gpu/*.tar.gz (wheels to .gpu/build, then installed)
 #   madbench     mixzoo bench mixers --shape mad (alone: run it as the only part)
-#   gputests     pytest -m gpu on K (a file list, default the zoo-unrelated mixer tests)
+#   gputests     pytest -m gpu on K (a file list, default tests/gpu)
+#   script:F     python3 F (a benchmark script) in the background
 # T: seconds for every part (default 540). Logs, JSON and captures are packed into $OUT/logs.tgz,
 # Triton's autotune results into $OUT/at.tgz (unpacked from .gpu/at*.tgz at the start), built
 # mamba-ssm wheels (under 45 MiB) into $OUT/mw.part-* (cat them | tar x into .gpu/, as .gpu/mamba-whl).
@@ -36,10 +37,11 @@ for part in "$@"; do
     div:*) IFS=: read -r _ c m <<< "$part"
            timeout $T python3 benchmarks/divergence.py $c --model $m --out logs/div ${HP:+$(printf -- '--hp %s ' $HP)} \
              > logs/div-$c-$m.log 2>&1 & pids+=($!) ;;
-    build) (t0=$(date +%s); MAX_JOBS=${JOBS:-6} timeout $T bash scripts/build-mamba-ssm.sh .gpu .gpu/build \
+    build) (t0=$(date +%s); MAX_JOBS=${JOBS:-6} ONLY=$ONLY timeout $T bash scripts/build-mamba-ssm.sh .gpu .gpu/build \
              > logs/build.log 2>&1; cp .gpu/build/*.txt .gpu/build/*.log logs/ 2>/dev/null; echo "build rc $? in $(( $(date +%s) - t0 )) s" >> logs/build.log) & pids+=($!) ;;
     madbench) timeout $T python3 -m mixzoo bench mixers --shape mad ${MIXERS} --out logs/madbench.json \
              > logs/madbench.log 2>&1 & pids+=($!) ;;
+    script:*) f=${part#script:}; timeout $T python3 $f > logs/$(basename $f .py).log 2>&1 & pids+=($!) ;;
     gputests) timeout $T python3 -m pytest -q -m gpu -rA ${K:-tests/gpu} > logs/gputests.log 2>&1 & pids+=($!) ;;
     *) echo "unknown part $part"; exit 2 ;;
   esac

@@ -77,3 +77,36 @@ def test_mamba1_cell_skipped_without_mamba_ssm(tmp_path):
     got = zoo.run_cell(cell, str(tmp_path), "cpu")
     assert got.state == "skip" and "mamba-ssm" in got.reason
     assert torch.cuda.is_available() or not any(tmp_path.iterdir())
+
+
+FAKE_WORKER = r'''
+import json, sys
+cells, out = json.load(open(sys.argv[1])), sys.argv[2]
+with open(out, "a") as f:
+    for c in cells:
+        if c["setting"] == "crash":
+            raise SystemExit(9)                      # dies inside this cell, reports nothing
+        poisoned = c["lr"] == 1.0 and "respawned" not in c["reason"]
+        c["state"] = "FAIL" if poisoned else "COMPLETE"
+        c["reason"] = "AcceleratorError: CUDA error: an illegal memory access" if poisoned else ""
+        f.write(json.dumps(c) + "\n")
+        if poisoned:
+            raise SystemExit(3)
+'''
+
+
+def test_dead_workers_are_replaced_for_the_cells_they_left(tmp_path, monkeypatch):
+    """A worker that a kernel fault poisoned (exit 3) or that died inside a cell is replaced by a
+    fresh one for the cells it had not reported; every cell gets exactly one result."""
+    script = tmp_path / "fake_worker.py"
+    script.write_text(FAKE_WORKER)
+    monkeypatch.setattr(zoo, "WORKER", [zoo.sys.executable, str(script)])
+    mk = lambda setting, lr: zoo.Cell("m", "softmax", {}, setting, "mqar", {}, "zoology", {}, lr)
+    shard_a = [mk("a", 0.1), mk("a", 1.0), mk("b", 0.1), mk("b", 0.2)]     # fault at the second cell
+    shard_b = [mk("crash", 0.1), mk("c", 0.1)]                              # dies in the first cell
+    done = zoo._run_shards([shard_a, shard_b], tmp_path / "res", "cpu")
+    got = {(c.setting, c.lr): (c.state, c.reason) for c in done}
+    assert len(done) == 6 and len(got) == 6
+    assert got[("a", 1.0)][0] == "FAIL" and "illegal memory access" in got[("a", 1.0)][1]
+    assert got[("crash", 0.1)] == ("FAIL", "worker exited with code 9 during this cell")
+    assert all(got[k][0] == "COMPLETE" for k in [("a", 0.1), ("b", 0.1), ("b", 0.2), ("c", 0.1)])

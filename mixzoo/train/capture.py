@@ -39,16 +39,17 @@ def _tensors(x):
     return []
 
 
-def locate_nonfinite(model: nn.Module, run_forward, loss_of, keep: int = 16) -> dict[str, Any]:
+def locate_nonfinite(model: nn.Module, run_forward, loss_of, keep: int | None = None) -> dict[str, Any]:
     """Run ``loss_of(run_forward())`` and its backward with hooks on every named module.
 
     Returns the first module with a non-finite forward output, the first (in backward order) with a
-    non-finite gradient of its output, each mixer's input and output gradient (the first ``keep``
-    examples), and the loss."""
+    non-finite gradient of its output, the largest |output| and |gradient of the output| of every
+    module, each mixer's input and output gradient (the first ``keep`` examples; all by default),
+    every parameter's gradient norm (float64), and the loss."""
     names = {m: n for n, m in model.named_modules() if n}
     mixers = {id(m): i for i, m in enumerate(mixers_of(model))}
     found: dict[str, Any] = {"forward": None, "backward": None, "mixer_in": {}, "mixer_grad_out": {},
-                             "forward_max_abs": {}}
+                             "forward_max_abs": {}, "backward_max_abs": {}}
     handles = []
 
     def fwd(mod, args, out):
@@ -62,7 +63,10 @@ def locate_nonfinite(model: nn.Module, run_forward, loss_of, keep: int = 16) -> 
             found["mixer_in"][mixers[id(mod)]] = args[0].detach()[:keep].cpu()
 
     def bwd(mod, grad_in, grad_out):
-        if found["backward"] is None and not all(_finite(t) for t in _tensors(grad_out)):
+        gos = [t for t in _tensors(grad_out) if t.is_floating_point()]
+        if gos:
+            found["backward_max_abs"][names[mod]] = float(gos[0].detach().double().abs().nan_to_num(math.inf).max())
+        if found["backward"] is None and not all(_finite(t) for t in gos):
             found["backward"] = names[mod]
         if id(mod) in mixers:
             found["mixer_grad_out"][mixers[id(mod)]] = grad_out[0].detach()[:keep].cpu()
@@ -82,6 +86,9 @@ def locate_nonfinite(model: nn.Module, run_forward, loss_of, keep: int = 16) -> 
             h.remove()
     found["nonfinite_grads"] = [n for n, p in model.named_parameters()
                                 if p.grad is not None and not _finite(p.grad)]
+    # in float64: a float32 norm overflows to inf for gradients of finite elements above ~1e19
+    found["grad_norms"] = {n: float(p.grad.double().norm()) for n, p in model.named_parameters()
+                           if p.grad is not None}
     return found
 
 
@@ -113,6 +120,8 @@ class NonFiniteCapture:
                 state = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
                 bad = [n for n, p in model.named_parameters()
                        if p.grad is not None and not _finite(p.grad)]
+                step_norms = {n: float(p.grad.double().norm()) for n, p in model.named_parameters()
+                              if p.grad is not None}
                 dev = b.inputs.device
                 ctx = (torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda"
                        else torch.autocast("cpu", enabled=False))
@@ -122,7 +131,7 @@ class NonFiniteCapture:
                         return model(b.inputs) if select is None else model(b.inputs, select=select)
                 found = locate_nonfinite(model, run, lambda out: module.loss_of(out, b))
                 self.found = found
-                rec = {"step": step, "loss": loss, "nonfinite_grads_in_step": bad,
+                rec = {"step": step, "loss": loss, "nonfinite_grads_in_step": bad, "grad_norms_in_step": step_norms,
                        "state_dict": state, "meta": self.meta, **found,
                        "batch": {"inputs": b.inputs.cpu(), "targets": b.targets.cpu(), "mask": b.mask.cpu(),
                                  "select": None if select is None else select.cpu()}}
@@ -132,8 +141,10 @@ class NonFiniteCapture:
                 torch.save(rec, tmp)
                 tmp.replace(path)
                 first = bad[0] if bad else "none"
+                top = max(step_norms, key=step_norms.get) if step_norms else "none"
                 self.summary = (f"non-finite at step {step} (loss {loss}; {len(bad)} parameters with a "
-                                f"non-finite gradient, first {first}; replay: forward first non-finite at "
+                                f"non-finite gradient, first {first}; largest gradient norm {top} "
+                                f"{step_norms.get(top, math.nan):.3g}; replay: forward first non-finite at "
                                 f"{found['forward']}, backward at {found['backward']}); capture: {path}")
                 return path
 
@@ -164,6 +175,7 @@ def replay_mixer(mixer: nn.Module, x: torch.Tensor, grad_out: torch.Tensor, *, d
             (o * grad_out.to(device, torch.float64)).sum().backward()
         runs[tag] = (o.detach().double(), xi.grad.detach().double(),
                      {n: p.grad.detach().double() for n, p in m.named_parameters() if p.grad is not None})
+        res[f"{tag}_dx_max_per_example"] = xi.grad.detach().double().abs().flatten(1).max(1).values.cpu().tolist()
         res[f"{tag}_backend"] = getattr(m, "backend", "?")
 
     def rel(a, b):
