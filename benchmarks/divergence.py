@@ -86,6 +86,53 @@ def lla_estimator_stats(layer, x: torch.Tensor, n_seq: int = 4) -> dict[str, dic
             "o_over_vbar": quantiles(o.norm(dim=-1) / vbar.norm(dim=-1).clamp_min(1e-30))}
 
 
+def lla_kernel_hunt(layer, x: torch.Tensor, grad_out: torch.Tensor, device, save: Path, chunk: int = 16) -> dict:
+    """LLA's kernel on every captured sequence (in chunks), as trained (bf16 autocast): the (sequence,
+    head) with the largest |dq|, |dk| or |dv|; there, the kernel against the float64 estimator row by
+    row. The inputs of that (sequence, head) are saved to ``save`` for replaying the kernel elsewhere."""
+    import torch.nn.functional as F
+
+    from mixzoo.kernels.lla import lla_reference
+    from mixzoo.kernels.lla.triton_lla import lla
+    from mixzoo.models.common import rope, split_heads
+    m = layer.to(device)
+    lam = m.ridge().detach()
+    prec = m.precision(lam)
+    worst = (-1.0, None)
+    for s0 in range(0, len(x), chunk):
+        xb, gb = x[s0:s0 + chunk].to(device), grad_out[s0:s0 + chunk].to(device)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            qkv = F.linear(xb, m.qkv.weight)
+        q, k, v = (split_heads(t, m.h) for t in qkv.chunk(3, dim=-1))
+        if m.use_rope:
+            q, k = rope(q), rope(k)
+        q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
+        o = lla(q, k, v, ridge=lam[None, :, None].expand(len(xb), -1, x.shape[1]), prec=prec)
+        go = split_heads(gb.to(torch.float32) @ m.out.weight.float(), m.h)      # d loss / d o
+        o.backward(go.to(o.dtype))
+        for name, t in (("dq", q.grad), ("dk", k.grad), ("dv", v.grad)):
+            mx = t.float().abs().nan_to_num(float("inf")).amax((-1, -2))        # (b, H)
+            val, idx = mx.flatten().max(0)
+            if float(val) > worst[0]:
+                b, h = divmod(int(idx), m.h)
+                worst = (float(val), (s0 + b, h, name, q[b, h].detach(), k[b, h].detach(), v[b, h].detach(),
+                                      go[b, h].detach(), q.grad[b, h], k.grad[b, h], v.grad[b, h]))
+    val, (b, h, name, q1, k1, v1, g1, dq, dk, dv) = worst
+    torch.save({"q": q1.cpu(), "k": k1.cpu(), "v": v1.cpu(), "g": g1.cpu(), "ridge": float(lam[h]), "prec": prec,
+                "kernel": {"dq": dq.cpu(), "dk": dk.cpu(), "dv": dv.cpu()}}, save)
+    qq, kk, vv = (t.double().requires_grad_(True) for t in (q1, k1, v1))
+    o64 = lla_reference(qq[None], kk[None], vv[None], ridge=float(lam[h]))[0]
+    o64.backward(g1.double())
+    out = {"sequence": b, "head": h, "largest": name, "value": val, "ridge": float(lam[h]), "prec": prec}
+    for nm, kern, ref in (("dq", dq, qq.grad), ("dk", dk, kk.grad), ("dv", dv, vv.grad)):
+        row_k, row_r = kern.double().norm(dim=-1), ref.norm(dim=-1)
+        err = (kern.double() - ref).norm(dim=-1)
+        top = err.nan_to_num(float("inf")).argsort(descending=True)[:5].tolist()
+        out[nm] = {"rel": float((kern.double() - ref).norm() / ref.norm()), "max_kernel": float(row_k.max()),
+                   "max_ref": float(row_r.max()), "rows": {t: (float(row_k[t]), float(row_r[t])) for t in top}}
+    return out
+
+
 def analyse(capture_path: Path, case: dict, model_name: str, knobs: dict, device) -> dict:
     rec = torch.load(capture_path, weights_only=False)
     task = make_task(case["task"], case["knobs"])
@@ -107,10 +154,19 @@ def analyse(capture_path: Path, case: dict, model_name: str, knobs: dict, device
         x, g = rec["mixer_in"][i], rec["mixer_grad_out"][i]
         r = {"layer": i, "input_finite": bool(torch.isfinite(x).all()), "grad_out_finite": bool(torch.isfinite(g).all())}
         worst = list(range(min(4, len(x))))
+        if model_name == "lla":
+            try:
+                r["kernel_hunt"] = lla_kernel_hunt(mixer, x, g, device, capture_path.parent / f"lla-worst-layer{i}.pt")
+                worst = [r["kernel_hunt"]["sequence"]]
+            except Exception as e:
+                r["kernel_hunt_error"] = f"{type(e).__name__}: {e}"
         try:
-            rp = r["replay"] = replay_mixer(mixer, x, g, device=device)
+            n = min(16, len(x)) if model_name == "lla" else len(x)   # the float64 LLA estimator on 128: OOM
+            pick = (worst + [j for j in range(len(x)) if j not in worst])[:n]
+            rp = r["replay"] = replay_mixer(mixer, x[pick], g[pick], device=device)
             fast = torch.tensor(rp["fast_dx_max_per_example"])
-            worst = fast.nan_to_num(float("inf")).argsort(descending=True)[:4].tolist()
+            if model_name != "lla":
+                worst = fast.nan_to_num(float("inf")).argsort(descending=True)[:4].tolist()
             r["worst_examples"] = {i: (rp["fast_dx_max_per_example"][i], rp["f64_dx_max_per_example"][i])
                                    for i in worst}
         except Exception as e:  # the report says what failed rather than stopping the analysis
@@ -167,6 +223,16 @@ def main(argv=None) -> int:
                   f"rel {rp.get('out_rel', math.nan):.3g}, "
                   f"dx finite {rp.get('dx_finite')} rel {rp.get('dx_rel', math.nan):.3g}; f64 out finite "
                   f"{rp.get('ref_out_finite')}, dx finite {rp.get('ref_dx_finite')} {r.get('replay_error', '')}")
+            if "kernel_hunt" in r:
+                kh = r["kernel_hunt"]
+                print(tag, f"    kernel hunt: sequence {kh['sequence']} head {kh['head']} largest {kh['largest']} "
+                      f"{kh['value']:.3g} (ridge {kh['ridge']}, prec {kh['prec']})")
+                for nm in ("dq", "dk", "dv"):
+                    print(tag, f"      {nm}: rel {kh[nm]['rel']:.3g}, max row norm kernel {kh[nm]['max_kernel']:.3g} "
+                          f"f64 {kh[nm]['max_ref']:.3g}; worst rows (kernel, f64): " +
+                          ", ".join(f"{t}: {a:.3g}/{b:.3g}" for t, (a, b) in kh[nm]["rows"].items()))
+            if "kernel_hunt_error" in r:
+                print(tag, "    kernel hunt failed:", r["kernel_hunt_error"])
             if "worst_examples" in r:
                 print(tag, "    worst examples (max |dx| fast, f64): " + ", ".join(
                     f"{i}: {a:.3g} / {b:.3g}" for i, (a, b) in r["worst_examples"].items()))

@@ -61,18 +61,22 @@ def main() -> int:
     rows, i = [], 0
     env = {**os.environ, "CUDA_LAUNCH_BLOCKING": "1"}
     while i < len(SHAPES):
-        p = subprocess.run([sys.executable, __file__, "--child", str(i)], capture_output=True, text=True, env=env)
+        p = subprocess.Popen([sys.executable, __file__, "--child", str(i)], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env)
         last = i
-        for line in p.stdout.splitlines():
+        for line in p.stdout:                   # as measured: a run cut short still shows its rows
             if line.startswith("START"):
                 last = int(line.split()[1])
             elif line.startswith("ROW"):
                 rows.append(json.loads(line[4:]))
-        if p.returncode == 0:
+                print(line.strip(), flush=True)
+        stderr = p.stderr.read()
+        if p.wait() == 0:
             break
         H, K, V, T = SHAPES[last]
-        err = [ln for ln in p.stderr.splitlines() if ln.strip()][-12:]
+        err = [ln for ln in stderr.splitlines() if ln.strip()][-12:]
         rows.append({"H": H, "K": K, "V": V, "T": T, "error": " | ".join(err)[-1500:]})
+        print("FAULT", json.dumps(rows[-1]), flush=True)
         i = last + 1
     print(f"{'H':>3} {'K':>4} {'V':>4} {'T':>4}  {'o':>8} {'dq':>8} {'dk':>8} {'dv':>8} {'dg':>8}")
     for r in rows:

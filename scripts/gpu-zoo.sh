@@ -20,7 +20,7 @@ mkdir -p $TRITON_CACHE_DIR logs
 for f in .gpu/at*.tgz; do [ -f $f ] && tar xzf $f -C $TRITON_CACHE_DIR; done
 pack() {
   (cd $TRITON_CACHE_DIR && find . -name '*.autotune.json' | tar czf $OUT/at.tgz -T -)
-  tar czf $OUT/logs.tgz --exclude='*.pt' logs       # captures stay behind; their report.json comes back
+  tar czf $OUT/logs.tgz --exclude='nonfinite-*.pt' logs   # captures stay behind; report.json and small inputs come back
   if ls .gpu/build/wheels/*.whl >/dev/null 2>&1; then  # built wheels, in pieces under the 16 MiB file limit
     n=$(du -m -c .gpu/build/wheels/*.whl | tail -n 1 | cut -f1)
     [ "$n" -le 45 ] && tar cf - -C .gpu/build wheels | split -b 15m - $OUT/mw.part- || echo "wheels: $n MiB, not brought back"

@@ -5,7 +5,8 @@ Mamba-2 per head: h_t = a_t h_{t-1} + B_t (dt_t x_t)ᵀ, y_t = h_tᵀ C_t + D x_
 a_t = exp(A dt_t), A < 0; B, C shared by the heads. That is simple gated linear attention with
 q = C, k = B dt, v = x, log-decay A dt, which is how it runs: ``torch-chunk`` is
 ``_scan.simple_gla_chunk`` (plain PyTorch, fully parallel, the CPU path and the reference) and
-``fla-simple-gla`` is fla's Triton ``chunk_simple_gla`` on a GPU. On Hopper with Triton < 3.7.1,
+``fla-simple-gla`` is fla's Triton ``chunk_simple_gla`` on a GPU (head dims below 64 zero-padded to
+64: ``FLA_MIN_HEAD_DIM``). On Hopper with Triton < 3.7.1,
 where fla refuses its gated ``chunk_bwd_dqkwg`` kernel, that one backward step runs as mixzoo's
 PyTorch version (``fla-simple-gla+torch-dqkwg``, ``mixzoo.kernels.fla_dqkwg``).
 
@@ -32,6 +33,13 @@ from . import _fla
 from ._parts import ConvAct, dt_bias_init
 from ._scan import simple_gla_chunk
 from .common import RMSNorm
+
+
+# fla's chunk_simple_gla on an H200 (Triton 3.6, with mixzoo's dqkwg step) at d_state 64: value heads of 16
+# gave wrong input gradients (relative error 12-24 against float64 at the mad recipe's 16 heads, a non-finite
+# gradient at the first step) and heads of 32 an illegal memory access; 64 and 128 match the reference. The
+# value head is zero-padded to 64 there (exact: zero value columns give zero output columns, sliced off).
+FLA_MIN_HEAD_DIM = 64
 
 
 @functools.cache
@@ -115,7 +123,8 @@ class Mamba(nn.Module):
             raise RuntimeError("mamba: backend='fla' asked for but fla's chunk_simple_gla cannot run here")
         if fn is not None:
             self.backend = name
-            qp, kp, vp = _fla.pad_heads(q.to(xh.dtype).contiguous(), k.to(xh.dtype).contiguous(), xh.contiguous())
+            qp, kp = _fla.pad_heads(q.to(xh.dtype).contiguous(), k.to(xh.dtype).contiguous())
+            vp = _fla.pad_heads(xh.contiguous(), width=FLA_MIN_HEAD_DIM)
             y = fn(qp, kp, vp, g=log_a.contiguous(), scale=1.0)[0][..., :xh.shape[-1]]
         else:
             self.backend = "torch-chunk"
