@@ -20,7 +20,7 @@ import torch
 from ..errors import UsageError
 from ..registry import register_task
 from .base import Batch, Metric, Task, generator, knob
-from .icl_regression import cone_sample, unit_directions
+from .icl_regression import NormalStream, chunks, cone_points_, replay, unit_directions
 
 
 @register_task("ttr")
@@ -58,20 +58,60 @@ class TTR(Task):
     def d_out(self) -> int:
         return self.d
 
-    def sample(self, split: str, n: int, seed: int) -> dict[str, torch.Tensor]:
-        """keys (n, L, d), noisy values, clean targets, segment of each position, A, mu."""
+    def _fill(self, split: str, n: int, seed: int, device, k: torch.Tensor, v: torch.Tensor,
+              clean: tuple[torch.Tensor, ...], A_out: torch.Tensor | None = None) -> torch.Tensor:
+        """Draw ``n`` sequences into (n, L, d) views on ``device``: keys ``k``, noisy values
+        ``v`` and every view in ``clean`` (the noiseless A_c k), chunk by chunk of sequences,
+        and the maps into ``A_out`` (n, C, d, d) when given.
+
+        The numbers are those of the whole draws from the split's CPU generator, in the same
+        order (mu, A, the cone noise, the value noise), taken piece by piece
+        (:class:`~mixzoo.tasks.icl_regression.NormalStream`; A is replayed from a copy of the
+        generator), so no draw is held whole and none depends on the chunking or the device.
+        The arithmetic runs on ``device``: a segment's S keys meet its A_c in one batched
+        matmul, so no (n, L, d, d) tensor is built. Returns mu, on ``device``.
+        """
         g = generator(self.name, seed, split)
-        C, d = self.L // self.S, self.d
-        mu = unit_directions((n, C, d), g)
-        A = torch.randn(n, C, d, d, generator=g)
-        seg = torch.arange(C).repeat_interleave(self.S)
-        k = cone_sample(mu[:, seg], self.cone_width, g)
-        clean = (A[:, seg] @ k[..., None])[..., 0]
-        v = clean + self.noise * torch.randn(clean.shape, generator=g)
+        C, S, L, d = self.L // self.S, self.S, self.L, self.d
+        dev = torch.device(device)
+        mu = unit_directions((n, C, d), g).to(dev)
+        A = replay(g, n * C * d * d)
+        z = NormalStream(g, n * L * d)
+        for s, e in chunks(n, C * d * d + 4 * L * d, 3 * L * d):
+            m = e - s
+            Ac = A.take(m * C * d * d).view(m, C, d, d).to(dev)
+            if A_out is not None:
+                A_out[s:e] = Ac
+            zc = z.take(m * L * d).view(m, L, d).to(dev)
+            kc = cone_points_(zc, mu[s:e].repeat_interleave(S, dim=1), self.cone_width)
+            k[s:e] = kc
+            cc = torch.bmm(kc.view(m * C, S, d), Ac.view(m * C, d, d).transpose(1, 2)).view(m, L, d)
+            v[s:e] = cc
+            for c in clean:
+                c[s:e] = cc
+        eps = NormalStream(g, n * L * d)
+        for s, e in chunks(n, 2 * L * d, 3 * L * d):
+            v[s:e].add_(eps.take((e - s) * L * d).view(e - s, L, d).to(dev).mul_(self.noise))
+        return mu
+
+    def sample(self, split: str, n: int, seed: int, device="cpu") -> dict[str, torch.Tensor]:
+        """keys (n, L, d), noisy values, clean targets, segment of each position, A, mu."""
+        dev = torch.device(device)
+        k, v, clean = (torch.empty(n, self.L, self.d, device=dev) for _ in range(3))
+        A = torch.empty(n, self.L // self.S, self.d, self.d, device=dev)
+        mu = self._fill(split, n, seed, dev, k, v, (clean,), A)
+        seg = torch.arange(self.L // self.S, device=dev).repeat_interleave(self.S)
         return {"k": k, "v": v, "clean": clean, "segment": seg.expand(n, -1), "A": A, "mu": mu}
 
     def generate(self, split: str, n: int, seed: int, device="cpu") -> Batch:
-        s = self.sample(split, n, seed)
-        mask = torch.ones(n, self.L, dtype=torch.bool)
-        slices = {"segment_len": torch.full((n,), self.S, dtype=torch.long)}
-        return Batch(torch.cat([s["k"], s["v"]], -1), s["clean"], mask, slices).to(device)
+        """Written straight into the Batch's tensors on ``device``. Peak memory is the output
+        plus mu (held whole) and one chunk's temporaries (under 1/16 of the output)."""
+        dev = torch.device(device)
+        # zeros, though every element is written: on the 2-core CPU machines here one contiguous
+        # fill faults the pages in at a fraction of the cost of faulting them chunk by chunk.
+        inputs = torch.zeros(n, self.L, 2 * self.d, device=dev)
+        targets = torch.zeros(n, self.L, self.d, device=dev)
+        self._fill(split, n, seed, dev, inputs[..., :self.d], inputs[..., self.d:], (targets,))
+        mask = torch.ones(n, self.L, dtype=torch.bool, device=dev)
+        slices = {"segment_len": torch.full((n,), self.S, dtype=torch.long, device=dev)}
+        return Batch(inputs, targets, mask, slices)
