@@ -5,7 +5,7 @@
 #   div:CASE:M   benchmarks/divergence.py CASE --model M (CASE: mqar512 state48 selcopy; HP="k=v ..." extra)
 #   build        scripts/build-mamba-ssm.sh from .gpu/*.tar.gz (wheels to .gpu/build, then installed)
 #   madbench     mixzoo bench mixers --shape mad (alone: run it as the only part)
-#   gputests     pytest -m gpu on K (a file list, default tests/gpu)
+#   gputests     pytest -m gpu on K (files, default tests/gpu), KEXPR selecting as pytest -k
 #   script:F     python3 F (a benchmark script) in the background
 # T: seconds for every part (default 540). Logs, JSON and captures are packed into $OUT/logs.tgz,
 # Triton's autotune results into $OUT/at.tgz (unpacked from .gpu/at*.tgz at the start), built
@@ -42,7 +42,7 @@ for part in "$@"; do
     madbench) timeout $T python3 -m mixzoo bench mixers --shape mad ${MIXERS} --out logs/madbench.json \
              > logs/madbench.log 2>&1 & pids+=($!) ;;
     script:*) f=${part#script:}; timeout $T python3 $f > logs/$(basename $f .py).log 2>&1 & pids+=($!) ;;
-    gputests) timeout $T python3 -m pytest -q -m gpu -rA ${K:-tests/gpu} > logs/gputests.log 2>&1 & pids+=($!) ;;
+    gputests) timeout $T python3 -m pytest -q -m gpu -rA ${KEXPR:+-k "$KEXPR"} ${K:-tests/gpu} > logs/gputests.log 2>&1 & pids+=($!) ;;
     *) echo "unknown part $part"; exit 2 ;;
   esac
 done
