@@ -13,7 +13,7 @@ CPU time is the process's own. The best of the repeats (by wall time) is reporte
 Memory (last, or alone with ``--memory``): icl-regression at the paper's size (100,000
 sequences, L=256, S=64, d_x=d_y=32, 16 queries) and ttr (100,000 sequences, L=256, S=128,
 d=32), each in a fresh process: the bytes of the Batch returned, the peak bytes of the
-generation (the growth of the process's peak RSS, ru_maxrss, over its value after the imports
+generation (the growth of the process's peak RSS, VmHWM, over its value after the imports
 and a warm-up generate of 4 sequences; on ``--device cuda`` also the device's peak allocated
 bytes over those before) and their ratio (goal <= 2), and the generation's wall time.
 """
@@ -65,8 +65,14 @@ def bench_mad(settings, repeat: int, goal: float | None) -> dict[str, tuple[floa
 
 # Run in a fresh interpreter: argv = task name, JSON knobs, n, device; prints one JSON line.
 _PEAK = r"""
-import json, resource, sys, time
+import json, sys, time
 sys.path.insert(0, sys.argv[5])
+
+def hwm():   # this image's resident high-water mark (ru_maxrss would carry the parent's over fork + exec)
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+
 import torch
 from mixzoo.registry import tasks
 name, knobs, n, device = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
@@ -77,7 +83,7 @@ if cuda:
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     dev0 = torch.cuda.memory_allocated()
-rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+rss0 = hwm()
 w = time.perf_counter()
 b = t.generate("train", n, 0, device)
 if cuda:
@@ -85,7 +91,7 @@ if cuda:
 w = time.perf_counter() - w
 out = sum(x.numel() * x.element_size() for x in (b.inputs, b.targets, b.mask, *b.slices.values()))
 r = {"version": t.version, "out": out, "wall": w,
-     "host": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss0}
+     "host": hwm() - rss0}
 if cuda:
     r["device"] = torch.cuda.max_memory_allocated() - dev0
 print(json.dumps(r))
@@ -97,7 +103,7 @@ MEMORY_CASES = (("icl-regression", {"L": 256, "S": 64, "d_x": 32, "d_y": 32, "n_
 
 def peak_memory(name: str, knobs: dict, n: int, device: str = "cpu") -> dict:
     """One generate of ``n`` training sequences in a fresh process: output bytes, peak bytes
-    (``host``: growth of ru_maxrss; ``device``: CUDA peak allocated, on cuda), wall seconds."""
+    (``host``: growth of VmHWM; ``device``: CUDA peak allocated, on cuda), wall seconds."""
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
     p = subprocess.run([sys.executable, "-c", _PEAK, name, json.dumps(knobs), str(n), device, root],
                        capture_output=True, text=True)

@@ -87,9 +87,11 @@ def lla_estimator_stats(layer, x: torch.Tensor, n_seq: int = 4) -> dict[str, dic
 
 
 def lla_kernel_hunt(layer, x: torch.Tensor, grad_out: torch.Tensor, device, save: Path, chunk: int = 16) -> dict:
-    """LLA's kernel on every captured sequence (in chunks), as trained (bf16 autocast): the (sequence,
-    head) with the largest |dq|, |dk| or |dv|; there, the kernel against the float64 estimator row by
-    row. The inputs of that (sequence, head) are saved to ``save`` for replaying the kernel elsewhere."""
+    """LLA's kernel on every captured sequence, ``chunk`` sequences a launch, as trained (bf16 autocast):
+    the (sequence, head) with the largest |dq|, |dk| or |dv|; there, the kernel against the float64
+    estimator row by row. The inputs of that (sequence, head) are saved to ``save`` for replaying the
+    kernel elsewhere. (2026-12-01, H200: at chunk 16 every sequence matched float64 while the training
+    step's full-batch launch gave gradients of 1e18: hunt at both sizes.)"""
     import torch.nn.functional as F
 
     from mixzoo.kernels.lla import lla_reference
@@ -123,7 +125,8 @@ def lla_kernel_hunt(layer, x: torch.Tensor, grad_out: torch.Tensor, device, save
     qq, kk, vv = (t.double().requires_grad_(True) for t in (q1, k1, v1))
     o64 = lla_reference(qq[None], kk[None], vv[None], ridge=float(lam[h]))[0]
     o64.backward(g1.double())
-    out = {"sequence": b, "head": h, "largest": name, "value": val, "ridge": float(lam[h]), "prec": prec}
+    out = {"sequence": b, "head": h, "largest": name, "value": val, "ridge": float(lam[h]), "prec": prec,
+           "chunk": chunk}
     for nm, kern, ref in (("dq", dq, qq.grad), ("dk", dk, kk.grad), ("dv", dv, vv.grad)):
         row_k, row_r = kern.double().norm(dim=-1), ref.norm(dim=-1)
         err = (kern.double() - ref).norm(dim=-1)
@@ -155,11 +158,15 @@ def analyse(capture_path: Path, case: dict, model_name: str, knobs: dict, device
         r = {"layer": i, "input_finite": bool(torch.isfinite(x).all()), "grad_out_finite": bool(torch.isfinite(g).all())}
         worst = list(range(min(4, len(x))))
         if model_name == "lla":
-            try:
-                r["kernel_hunt"] = lla_kernel_hunt(mixer, x, g, device, capture_path.parent / f"lla-worst-layer{i}.pt")
+            for chunk in (len(x), 16):           # the training step's launch, then small launches
+                key = "kernel_hunt" if chunk == len(x) else "kernel_hunt_small"
+                try:
+                    r[key] = lla_kernel_hunt(mixer, x, g, device, capture_path.parent / f"lla-worst-layer{i}-c{chunk}.pt",
+                                             chunk=chunk)
+                except Exception as e:
+                    r[key + "_error"] = f"{type(e).__name__}: {e}"
+            if "kernel_hunt" in r:
                 worst = [r["kernel_hunt"]["sequence"]]
-            except Exception as e:
-                r["kernel_hunt_error"] = f"{type(e).__name__}: {e}"
         try:
             n = min(16, len(x)) if model_name == "lla" else len(x)   # the float64 LLA estimator on 128: OOM
             pick = (worst + [j for j in range(len(x)) if j not in worst])[:n]
@@ -223,16 +230,17 @@ def main(argv=None) -> int:
                   f"rel {rp.get('out_rel', math.nan):.3g}, "
                   f"dx finite {rp.get('dx_finite')} rel {rp.get('dx_rel', math.nan):.3g}; f64 out finite "
                   f"{rp.get('ref_out_finite')}, dx finite {rp.get('ref_dx_finite')} {r.get('replay_error', '')}")
-            if "kernel_hunt" in r:
-                kh = r["kernel_hunt"]
-                print(tag, f"    kernel hunt: sequence {kh['sequence']} head {kh['head']} largest {kh['largest']} "
-                      f"{kh['value']:.3g} (ridge {kh['ridge']}, prec {kh['prec']})")
-                for nm in ("dq", "dk", "dv"):
-                    print(tag, f"      {nm}: rel {kh[nm]['rel']:.3g}, max row norm kernel {kh[nm]['max_kernel']:.3g} "
-                          f"f64 {kh[nm]['max_ref']:.3g}; worst rows (kernel, f64): " +
-                          ", ".join(f"{t}: {a:.3g}/{b:.3g}" for t, (a, b) in kh[nm]["rows"].items()))
-            if "kernel_hunt_error" in r:
-                print(tag, "    kernel hunt failed:", r["kernel_hunt_error"])
+            for key in ("kernel_hunt", "kernel_hunt_small"):
+                if key in r:
+                    kh = r[key]
+                    print(tag, f"    kernel hunt, {kh['chunk']} sequences a launch: sequence {kh['sequence']} head "
+                          f"{kh['head']} largest {kh['largest']} {kh['value']:.3g} (ridge {kh['ridge']}, prec {kh['prec']})")
+                    for nm in ("dq", "dk", "dv"):
+                        print(tag, f"      {nm}: rel {kh[nm]['rel']:.3g}, max row norm kernel {kh[nm]['max_kernel']:.3g} "
+                              f"f64 {kh[nm]['max_ref']:.3g}; worst rows (kernel, f64): " +
+                              ", ".join(f"{t}: {a:.3g}/{b:.3g}" for t, (a, b) in kh[nm]["rows"].items()))
+                if key + "_error" in r:
+                    print(tag, f"    {key} failed:", r[key + "_error"])
             if "worst_examples" in r:
                 print(tag, "    worst examples (max |dx| fast, f64): " + ", ".join(
                     f"{i}: {a:.3g} / {b:.3g}" for i, (a, b) in r["worst_examples"].items()))

@@ -167,16 +167,22 @@ def test_empty_request():
 
 # -- peak memory, measured in a fresh process ------------------------------------------------
 # CPU torch tensors live outside tracemalloc's view, so the peak is the growth of the process's
-# peak resident set (ru_maxrss) over its value after the imports and a warm-up generate.
+# peak resident set (VmHWM) over its value after the imports and a warm-up generate.
 _PEAK = r"""
-import json, resource, sys
+import json, sys
 import torch
 from mixzoo.registry import tasks
+
+def hwm():   # this image's resident high-water mark; ru_maxrss would carry the forking parent's over exec
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+
 t = tasks()[sys.argv[1]](**json.loads(sys.argv[2]))
 t.generate("train", 4, 0)
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+base = hwm()
 b = t.generate("train", int(sys.argv[3]), 0)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
+peak = hwm() - base
 out = sum(x.numel() * x.element_size() for x in (b.inputs, b.targets, b.mask, *b.slices.values()))
 print(json.dumps({"out": out, "peak": peak}))
 """

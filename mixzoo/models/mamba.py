@@ -34,7 +34,6 @@ from ._parts import ConvAct, dt_bias_init
 from ._scan import simple_gla_chunk
 from .common import RMSNorm
 
-
 # fla's chunk_simple_gla on an H200 (Triton 3.6, with mixzoo's dqkwg step) at d_state 64: value heads of 16
 # gave wrong input gradients (relative error 12-24 against float64 at the mad recipe's 16 heads, a non-finite
 # gradient at the first step) and heads of 32 an illegal memory access; 64 and 128 match the reference. The
