@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .errors import UsageError
@@ -64,7 +64,6 @@ class Cell:
     steps_per_s: float | None = None
     peak_mib: float | None = None
     wall_s: float | None = None
-    extra: dict = field(default_factory=dict)
 
 
 def configure(name: str, p) -> None:

@@ -130,7 +130,6 @@ class NonFiniteCapture:
                     with ctx:
                         return model(b.inputs) if select is None else model(b.inputs, select=select)
                 found = locate_nonfinite(model, run, lambda out: module.loss_of(out, b))
-                self.found = found
                 rec = {"step": step, "loss": loss, "nonfinite_grads_in_step": bad, "grad_norms_in_step": step_norms,
                        "state_dict": state, "meta": self.meta, **found,
                        "batch": {"inputs": b.inputs.cpu(), "targets": b.targets.cpu(), "mask": b.mask.cpu(),
