@@ -169,6 +169,21 @@ def _worker(cells_file: str, out_file: str, results: str, device: str) -> int:
     return 0
 
 
+def make_shards(cells: list[Cell], workers: int) -> list[list[Cell]]:
+    """Cells for each worker: whole mechanisms (its kernels then autotune once, in one process), or,
+    with more workers than mechanisms, each mechanism's cells split over as many workers as it takes
+    to use them all (each piece autotunes the mechanism's kernels again, in parallel)."""
+    groups: dict[str, list[Cell]] = {}
+    for c in cells:
+        groups.setdefault(c.mechanism, []).append(c)
+    parts = max(1, workers // max(1, len(groups)))
+    pieces = [g[i::parts] for g in groups.values() for i in range(min(parts, len(g)))]
+    shards: list[list[Cell]] = [[] for _ in range(min(workers, len(pieces)))]
+    for piece in sorted(pieces, key=len, reverse=True):         # largest first, onto the lightest shard
+        min(shards, key=len).extend(piece)
+    return shards
+
+
 def _key(c: Cell) -> tuple:
     return (c.mechanism, c.setting, c.lr)
 
@@ -228,12 +243,7 @@ def main(args) -> int:
     res_dir = Path(args.results)
     if res_dir.exists() and not res_dir.is_dir():
         raise UsageError(f"--results {args.results!r} is not a directory")
-    groups: dict[str, list[Cell]] = {}
-    for c in cells:
-        groups.setdefault(c.mechanism, []).append(c)
-    shards: list[list[Cell]] = [[] for _ in range(min(args.workers, len(groups)))]
-    for g in sorted(groups.values(), key=len, reverse=True):     # whole mechanisms, fewest cells first
-        min(shards, key=len).extend(g)
+    shards = make_shards(cells, args.workers)
     t0 = time.time()
     done = _run_shards(shards, res_dir, args.device)
     order = {_key(c): i for i, c in enumerate(cells)}

@@ -110,3 +110,15 @@ def test_dead_workers_are_replaced_for_the_cells_they_left(tmp_path, monkeypatch
     assert got[("a", 1.0)][0] == "FAIL" and "illegal memory access" in got[("a", 1.0)][1]
     assert got[("crash", 0.1)] == ("FAIL", "worker exited with code 9 during this cell")
     assert all(got[k][0] == "COMPLETE" for k in [("a", 0.1), ("b", 0.1), ("b", 0.2), ("c", 0.1)])
+
+
+def test_shards_keep_mechanisms_together_unless_workers_outnumber_them():
+    cells = zoo.build_cells("softmax,lla,gdn", None, "1e-3,3e-3", 10, 4)
+    two = zoo.make_shards(cells, 2)
+    assert len(two) == 2 and sum(map(len, two)) == len(cells)
+    assert all(len({c.mechanism for c in sh}) <= 2 for sh in two)
+    assert sum(len({c.mechanism for c in sh}) for sh in two) == 3        # no mechanism split
+    six = zoo.make_shards(cells, 6)
+    assert len(six) == 6 and all(len({c.mechanism for c in sh}) == 1 for sh in six)
+    assert sorted(zoo._key(c) for sh in six for c in sh) == sorted(zoo._key(c) for c in cells)
+    assert max(map(len, six)) - min(map(len, six)) <= 1
