@@ -23,7 +23,8 @@ from .registry import get_mixer, get_task
 
 TRAIN_KEYS = {"steps", "batch_size", "lr", "weight_decay", "warmup_frac", "min_lr_frac",
               "grad_clip", "eval_every", "eval_batch_size", "early_stop", "precision", "compile",
-              "n_train", "n_val", "n_test", "sparse_head"}
+              "n_train", "n_val", "n_test", "sparse_head", "optimizer", "schedule", "decay_frac",
+              "wd_anneal_gamma", "muon_lr", "muon_momentum"}
 MODEL_KEYS = {"d_model", "n_layers", "num_heads", "mlp", "mlp_mult", "norm", "tie_embeddings", "short_conv"}
 
 
@@ -82,10 +83,11 @@ def provenance() -> dict[str, Any]:
 def make_row(task, model: str, hparams: dict[str, Any], recipe: str, seed: int, result,
              *, run_id: str, preset: str | None = None, study: str | None = None,
              trial: int | None = None, command: str | None = None) -> dict[str, Any]:
+    from .leaderboard.schema import SCHEMA_VERSION
     tcfg, mcfg, mix = split_hparams(hparams, recipe)
     metric = task.primary
     row = {
-        "schema_version": 1, "run_id": run_id,
+        "schema_version": SCHEMA_VERSION, "run_id": run_id,
         "created_at": _dt.datetime.now(_dt.UTC),
         "suite": task.suite, "task": task.name, "task_version": task.version, "preset": preset,
         "model": model, "backend": result.backend, "recipe": recipe, "seed": seed,
@@ -100,6 +102,8 @@ def make_row(task, model: str, hparams: dict[str, Any], recipe: str, seed: int, 
         "metrics_json": json.dumps(result.test, sort_keys=True),
         "val_metrics_json": json.dumps(result.val, sort_keys=True),
         "lr": tcfg.lr, "weight_decay": tcfg.weight_decay, "batch_size": tcfg.batch_size,
+        "optimizer": tcfg.optimizer, "schedule": tcfg.schedule,
+        "diagnostics_json": json.dumps(result.diagnostics, sort_keys=True) if result.diagnostics else None,
         "steps": result.steps, "best_step": result.best_step,
         "d_model": mcfg.d_model, "n_layers": mcfg.n_layers, "num_heads": mcfg.num_heads,
         "params": result.params, "state_size": result.state_size,

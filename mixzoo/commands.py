@@ -43,6 +43,9 @@ def configure(name: str, p) -> None:
         p.add_argument("--recipe", default="zoology", help="backbone recipe: zoology or mad")
         p.add_argument("--seed", type=int, action="append", help="seed (repeatable; default 0)")
         p.add_argument("--lr", type=float)
+        p.add_argument("--optimizer", choices=("adamw", "muon"),
+                       help="adamw (default) or muon: Muon for hidden matrices, AdamW for the rest")
+        p.add_argument("--schedule", choices=("cosine", "wsd"), help="learning-rate schedule (default cosine)")
         p.add_argument("--steps", type=int)
         p.add_argument("--batch-size", type=int)
         p.add_argument("--d-model", type=int)
@@ -65,7 +68,7 @@ def run(args) -> int:
     from .api import run as api_run
     hp = {k: literal(v) for k, v in parse_pairs(args.hp, "--hp").items()}
     for key, val in (("lr", args.lr), ("steps", args.steps), ("batch_size", args.batch_size),
-                     ("d_model", args.d_model)):
+                     ("d_model", args.d_model), ("optimizer", args.optimizer), ("schedule", args.schedule)):
         if val is not None:
             hp[key] = val
     rows = api_run(args.task, args.model, knobs=parse_pairs(args.set, "--set"),

@@ -58,11 +58,12 @@ def plain_loop(shape: str, mixer: str, device: str, steps: int, warmup: int, com
     import torch
 
     from ..train.config import TrainConfig
-    from ..train.loop import _schedule, loss_fn, param_groups
+    from ..train.loop import loss_fn
+    from ..train.optim import build_optimizer, lr_lambda
     task, data, _, model, order, dev = _setup(shape, mixer, device, steps + warmup)
-    cfg = TrainConfig(steps=steps + warmup, lr=1e-3)
-    opt = torch.optim.AdamW(param_groups(model, 0.1), lr=cfg.lr, betas=(0.9, 0.98), fused=dev.type == "cuda")
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(cfg))
+    cfg = TrainConfig(steps=steps + warmup, lr=1e-3, weight_decay=0.1)
+    opt = build_optimizer(model, cfg, fused=dev.type == "cuda")
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
     fwd = model if compile_mode == "off" else torch.compile(model, mode=compile_mode)
     amp = torch.autocast("cuda", dtype=torch.bfloat16) if dev.type == "cuda" else torch.autocast("cpu", enabled=False)
 

@@ -82,6 +82,25 @@ def _provenance(rows: list[dict]) -> View:
     return View("provenance", "Provenance", list(keys) + ["rows"], recs, display)
 
 
+def _diagnostics(rows: list[dict]) -> View | None:
+    """The mechanisms' diagnostics at each run's last validation (COMPLETE rows that have any)."""
+    import json
+    recs = []
+    for r in complete_rows(rows):
+        if r.get("diagnostics_json"):
+            d = json.loads(r["diagnostics_json"])
+            recs.append({"task": r.get("task"), "model": r.get("model"), "optimizer": r.get("optimizer") or "adamw",
+                         "schedule": r.get("schedule") or "cosine", "seed": r.get("seed"), **d})
+    if not recs:
+        return None
+    names = sorted({k for rec in recs for k in rec} - {"task", "model", "optimizer", "schedule", "seed"})
+    recs.sort(key=lambda x: (str(x["task"]), str(x["model"]), x["optimizer"], x["seed"] or 0))
+    keys = ["task", "model", "optimizer", "schedule", "seed", *names]
+    return View("diagnostics", "Mechanism diagnostics", keys, recs, [(k, col(k)) for k in keys],
+                ["At each run's last validation, on its mixers' inputs for a few validation examples "
+                 "(layer<i>/<name>; e.g. Parallax's correction-to-output ratio and the stable rank of W_R)."])
+
+
 def _commands(rows: list[dict]) -> str:
     v = rows_view(rows)
     head = "".join(f"<th>{_e(h)}</th>" for h in v.headers + ["run_id", "created (UTC)", "command"])
@@ -153,6 +172,9 @@ def render(rows: list[dict], *, results: str = "", warnings: list[str] | None = 
         parts.append('<p class="note">The leaderboard is empty.</p>')
     elif not done:
         parts.append('<p class="note">No COMPLETE rows yet.</p>')
+    diag = _diagnostics(rows)
+    if diag is not None:
+        parts += ['<h2 id="diagnostics">Mechanism diagnostics</h2>', table_html(diag)]
     parts += ['<h2 id="provenance">Provenance</h2>', table_html(_provenance(rows)),
               '<h2 id="commands">Every result and the command that produced it</h2>', _commands(rows)]
     csp = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # Partition keys: encoded in the directory path (suite=<s>/task=<t>/), not in the files.
 PARTITION_KEYS = ("suite", "task")
@@ -40,6 +40,9 @@ CORE = pa.schema([
     ("val_metrics_json", pa.string()),
     ("lr", pa.float64()),
     ("weight_decay", pa.float64()),
+    ("optimizer", pa.string()),          # adamw | muon (schema 2)
+    ("schedule", pa.string()),           # cosine | wsd (schema 2)
+    ("diagnostics_json", pa.string()),   # the mechanism's diagnostics at the last validation (schema 2)
     ("batch_size", pa.int64()),
     ("steps", pa.int64()),
     ("best_step", pa.int64()),

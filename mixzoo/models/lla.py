@@ -111,6 +111,11 @@ class LocalLinearAttention(nn.Module):
             o = lla_reference(q, k, v, ridge=lam)
         return self.out(merge_heads(o.to(x.dtype)))
 
+    @torch.no_grad()
+    def diagnostics(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The smallest ridge of the layer (learned or fixed)."""
+        return {"ridge_min": self.ridge().min()}
+
     def state_size(self, seq_len: int) -> int:
         d = self.qkv.in_features
         return 2 * d * seq_len

@@ -5,7 +5,9 @@ r_i = W_R x_i, each output is a_ij-weighted with corrected weights
 w_ij = a_ij (1 + t̄_i - r_i·k_j), t̄_i = Σ_j a_ij r_i·k_j,  o_i = Σ_j w_ij v_j,
 equivalently o_i = v̄_i - Σ_VK,i r_i with the softmax-weighted key-value cross-covariance.
 The weights sum to one; W_R = 0 gives softmax attention exactly. r passes through a per-head
-RMSNorm (``r_norm``) and, as an option, the same rotary embedding as q and k (``rope_r``).
+RMSNorm (``r_norm``) and, as an option, the same rotary embedding as q and k (``rope_r``) and a
+learnable sigmoid gate per head and token (``gate_r``, the paper's gated variant). Diagnostics:
+the correction-to-output ratio, the stable rank of W_R and the gate (``diagnostics``).
 
 Paths: ``fla-parallel`` (fla's Triton ``parallel_parallax``, GPU, bf16/fp16 inputs only) and
 ``torch`` (the exact O(T²) form above, any device and dtype).
@@ -44,7 +46,8 @@ class Parallax(nn.Module):
     """Parallax: softmax attention corrected by a learned local-linear direction r = W_R x."""
 
     def __init__(self, d_model: int, *, num_heads: int = 2, layer_idx: int = 0,
-                 rope: bool = True, rope_r: bool = True, r_norm: bool = True, backend: str = "auto"):
+                 rope: bool = True, rope_r: bool = True, r_norm: bool = True, gate_r: bool = False,
+                 backend: str = "auto"):
         super().__init__()
         if d_model % num_heads:
             raise ValueError(f"d_model={d_model} not divisible by num_heads={num_heads}")
@@ -54,6 +57,12 @@ class Parallax(nn.Module):
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.r_proj = nn.Linear(d_model, d_model, bias=False)
         self.r_norm = RMSNorm(d_model // num_heads) if r_norm else None
+        # the paper's gated variant, r = σ(w_g · x) W_R x, one gate per head and token; starting at
+        # σ(0) = 1/2 (zero weights and bias) is our choice, the paper does not say
+        self.gate = nn.Linear(d_model, num_heads) if gate_r else None
+        if self.gate is not None:
+            nn.init.zeros_(self.gate.weight)
+            nn.init.zeros_(self.gate.bias)
         self.out = nn.Linear(d_model, d_model, bias=False)
         self.backend = "torch"
 
@@ -67,7 +76,8 @@ class Parallax(nn.Module):
             raise RuntimeError("parallax: backend='fla' asked for but fla's Triton kernel is unavailable")
         return fn
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def _qkvr(self, x: torch.Tensor):
+        """q, k, v, r as (B, H, T, D), and the gate (B, H, T) or None."""
         q, k, v = (split_heads(t, self.h) for t in self.qkv(x).chunk(3, dim=-1))
         r = split_heads(self.r_proj(x), self.h)
         if self.r_norm is not None:
@@ -76,7 +86,32 @@ class Parallax(nn.Module):
             q, k = rope(q), rope(k)
             if self.rope_r:
                 r = rope(r)
-        r = r.to(q.dtype)
+        gate = None
+        if self.gate is not None:
+            gate = torch.sigmoid(self.gate(x).float()).transpose(1, 2)          # (B, H, T)
+            r = r * gate.unsqueeze(-1).to(r.dtype)
+        return q, k, v, r.to(q.dtype), gate
+
+    @torch.no_grad()
+    def diagnostics(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The correction-to-output ratio |Σ_VK r| / |o_SA| (over the given examples), the stable rank
+        |W_R|_F² / |W_R|_2² of the probe's projection, and the mean probe gate (with ``gate_r``)."""
+        T = x.shape[1]
+        x = x[: max(1, (1 << 26) // (self.h * T * T))]          # bound the T x T weights of the check
+        q, k, v, r, gate = (t.float() if t is not None else None for t in self._qkvr(x.float()))
+        mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+        a = ((q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5).masked_fill(~mask, float("-inf")).softmax(-1)
+        o_sa = a @ v
+        corr = o_sa - parallax_reference(q, r, k, v)                               # = Σ_VK r
+        sv = torch.linalg.svdvals(self.r_proj.weight.float())
+        out = {"correction_ratio": corr.norm() / o_sa.norm().clamp_min(1e-30),
+               "stable_rank_WR": sv.pow(2).sum() / sv[0].pow(2).clamp_min(1e-30)}
+        if gate is not None:
+            out["gate_r"] = gate.mean()
+        return out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v, r, _ = self._qkvr(x)
         fast = self._fast(q)
         if fast is not None:
             self.backend = "fla-parallel"

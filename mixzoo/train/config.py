@@ -20,6 +20,12 @@ class TrainConfig:
     precision: str = "auto"           # "auto": bf16-mixed on CUDA, 32 on CPU
     compile: str = "off"              # "off" | "default" | "reduce-overhead" (CUDA graphs) | "max-autotune"
     sparse_head: bool = True          # token tasks: vocabulary head only at supervised positions in training
+    optimizer: str = "adamw"          # "adamw" | "muon" (Muon for hidden matrices, AdamW for the rest; train/optim.py)
+    schedule: str = "cosine"          # "cosine" | "wsd" (warmup-stable-decay)
+    decay_frac: float = 0.2           # wsd: fraction of the steps in the final linear decay
+    wd_anneal_gamma: float | None = None   # weight decay x (1 - t)^gamma in the decay phase (Parallax: 2)
+    muon_lr: float | None = None      # Muon's learning rate (default: lr; Muon's update is RMS-matched to AdamW)
+    muon_momentum: float = 0.95
     n_train: int | None = None        # examples per split; None = the task's default
     n_val: int | None = None
     n_test: int | None = None
@@ -36,6 +42,18 @@ class TrainConfig:
                 raise UsageError(f"{name}={getattr(self, name)!r} must be >= 1")
         if not self.lr > 0:
             raise UsageError(f"lr={self.lr!r} must be > 0")
+        for name, value, allowed in (("optimizer", self.optimizer, ("adamw", "muon")),
+                                     ("schedule", self.schedule, ("cosine", "wsd"))):
+            if value not in allowed:
+                raise UsageError(f"{name}={value!r}; allowed: {', '.join(allowed)}")
+        if not 0.0 <= float(self.decay_frac) <= 1.0:
+            raise UsageError(f"decay_frac={self.decay_frac!r} must be in [0, 1]")
+        if self.wd_anneal_gamma is not None and not float(self.wd_anneal_gamma) >= 0:
+            raise UsageError(f"wd_anneal_gamma={self.wd_anneal_gamma!r} must be >= 0")
+        if self.muon_lr is not None and not float(self.muon_lr) > 0:
+            raise UsageError(f"muon_lr={self.muon_lr!r} must be > 0")
+        if not 0.0 <= float(self.muon_momentum) < 1.0:
+            raise UsageError(f"muon_momentum={self.muon_momentum!r} must be in [0, 1)")
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -59,3 +77,4 @@ class RunResult:
     backend: str = ""
     device_name: str = ""
     history: list[dict[str, float]] = field(default_factory=list)
+    diagnostics: dict[str, float] = field(default_factory=dict)   # mechanism diagnostics at the last validation

@@ -27,13 +27,18 @@ from ..models import ModelConfig, build_model, mixers_of
 from ..models.backbones import TokenModel
 from ..tasks.base import IGNORE, Batch, Task
 from .config import RunResult, TrainConfig
+from .diagnostics import mixer_diagnostics
 from .metrics import Accumulator
+from .optim import anneal_weight_decay, build_optimizer, lr_lambda
 
 EvalHook = Callable[[int, dict[str, float]], None]
 
 
 class Diverged(RuntimeError):
     pass
+
+
+DIAG_EXAMPLES = 8     # validation examples the mechanisms' diagnostics are computed on
 
 
 REASON_CHARS = 300
@@ -122,27 +127,6 @@ def evaluate(model, task: Task, data: Batch, batch_size: int, precision: str) ->
         acc.update(out, b.targets, b.mask, b.slices, lsum)
     model.train(was)
     return acc.compute()
-
-
-def _schedule(cfg: TrainConfig):
-    warm = max(1, int(cfg.warmup_frac * cfg.steps))
-
-    def f(step: int) -> float:
-        if step < warm:
-            return (step + 1) / warm
-        p = min(1.0, (step - warm) / max(1, cfg.steps - warm))
-        return cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * p))
-    return f
-
-
-def param_groups(model: torch.nn.Module, wd: float):
-    decay, no_decay, seen = [], [], set()
-    for p in model.parameters():
-        if not p.requires_grad or id(p) in seen:
-            continue
-        seen.add(id(p))
-        (decay if p.dim() >= 2 else no_decay).append(p)
-    return [{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}]
 
 
 def batch_order(n: int, steps: int, bs: int, seed: int) -> torch.Tensor:
@@ -261,11 +245,12 @@ def train(task: Task, mixer: str, knobs: dict[str, Any] | None = None,
             # bf16 autocast has no grad scaler, so the gradients here are already unscaled
             if cfg.grad_clip:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip, foreach=True)
+            if cfg.wd_anneal_gamma is not None:
+                anneal_weight_decay(optimizer, cfg, self.trainer.global_step)
 
         def configure_optimizers(self):
-            opt = torch.optim.AdamW(param_groups(self.model, cfg.weight_decay), lr=cfg.lr,
-                                    betas=(0.9, 0.98), fused=dev.type == "cuda")
-            sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(cfg))
+            opt = build_optimizer(self.model, cfg, fused=dev.type == "cuda")
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
             return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
     lit = Lit()
@@ -295,7 +280,11 @@ def train(task: Task, mixer: str, knobs: dict[str, Any] | None = None,
             val = evaluate(model, task, data["val"], cfg.eval_batch_size, precision)
             elapsed = t - state["t0"] - state["eval_time"]
             rate = step / max(elapsed, 1e-9)
+            diag = mixer_diagnostics(model, data["val"].inputs[:DIAG_EXAMPLES], precision)
+            if diag:
+                res.diagnostics = diag
             res.history.append({"step": step, "train_loss": train_loss, **val,
+                                **{f"diag/{k}": v for k, v in diag.items()},
                                 "steps_per_s": rate, "train_time_s": elapsed})
             if log:
                 log(f"  step {step:>6}/{cfg.steps} | loss {train_loss:.4f} | val {primary.name} "
