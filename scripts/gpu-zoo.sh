@@ -17,7 +17,9 @@ site=/tmp/site
 [ -d .gpu/mamba-whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --target $site .gpu/mamba-whl/*.whl
 export PYTHONPATH=$site:$PWD MIXZOO_SITE=$site
 mkdir -p $TRITON_CACHE_DIR logs
-for f in .gpu/at*.tgz; do [ -f $f ] && tar xzf $f -C $TRITON_CACHE_DIR; done
+# Triton autotune results gathered on H200s (committed: fla's first call of a shape autotunes for
+# minutes without them), then any newer ones carried in .gpu/
+for f in scripts/h200-triton-autotune.tgz .gpu/at*.tgz; do [ -f $f ] && tar xzf $f -C $TRITON_CACHE_DIR; done
 pack() {
   (cd $TRITON_CACHE_DIR && find . -name '*.autotune.json' | tar czf $OUT/at.tgz -T -)
   tar czf $OUT/logs.tgz --exclude='nonfinite-*.pt' logs   # captures stay behind; report.json and small inputs come back
