@@ -47,6 +47,39 @@ def _rel(a, b) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm().clamp_min(1e-12))
 
 
+def causal_leak(m, x, *, y=None, generator=None, points=None, stacked: bool = False):
+    """How far outputs up to position t move when the inputs after t change: ``(worst, t, tol)``,
+    the largest absolute change over the cut points ``points`` (default 0, T/3, T/2, T-2), the
+    point where it was seen (None when nothing moved) and the tolerance, ``1e-4 * (max|y| + 1)``.
+    ``m`` is causal when ``worst <= tol``. The inputs after t are replaced with draws 3x as large
+    from ``generator``; ``y = m(x)`` when the caller has it. ``stacked``: every perturbed copy and
+    ``x`` itself go through one forward pass, as one batch (the cheap check before a run);
+    otherwise one pass each. Run under ``torch.no_grad``; what ``m`` raises propagates."""
+    import torch
+    B, T, D = x.shape
+    points = sorted({t for t in (points if points is not None else (0, T // 3, T // 2, T - 2))
+                     if 0 <= t < T - 1})
+    with torch.no_grad():
+        perturbed = []
+        for t in points:
+            x2 = x.clone()
+            x2[:, t + 1:] = 3.0 * torch.randn(B, T - t - 1, D, generator=generator).to(x.device, x.dtype)
+            perturbed.append(x2)
+        if stacked:
+            outs = m(torch.cat([x, *perturbed])).split(B)
+            y, outs = outs[0], outs[1:]
+        else:
+            y = m(x) if y is None else y
+            outs = [m(x2) for x2 in perturbed]
+        worst, where = 0.0, None
+        for t, o in zip(points, outs):
+            diff = float((o[:, : t + 1] - y[:, : t + 1]).abs().max())
+            if diff > worst:
+                worst, where = diff, t
+        tol = 1e-4 * (float(y.abs().max()) + 1.0)
+    return worst, where, tol
+
+
 def _accepts(cls, kw: str) -> bool:
     params = inspect.signature(cls.__init__).parameters
     return kw in params
@@ -58,7 +91,7 @@ def check_mixer(name: str, *, knobs: dict | None = None, device: str = "cpu", d_
     """Run every contract check of mechanism ``name``; returns one result per check."""
     import torch
 
-    from .registry import get_mixer
+    from .registry import build_mixer, get_mixer
     spec = get_mixer(name)
     knobs = dict(knobs or {})
     dev = torch.device(device)
@@ -70,7 +103,7 @@ def check_mixer(name: str, *, knobs: dict | None = None, device: str = "cpu", d_
 
     def build():
         torch.manual_seed(seed)
-        return spec.cls(D, num_heads=num_heads, layer_idx=0, **knobs).to(dev)
+        return build_mixer(spec, D, num_heads=num_heads, layer_idx=0, l_max=T, **knobs).to(dev)
 
     # build ---------------------------------------------------------------------------------
     try:
@@ -109,22 +142,17 @@ def check_mixer(name: str, *, knobs: dict | None = None, device: str = "cpu", d_
         return out
 
     # backend -------------------------------------------------------------------------------
-    backend = getattr(m, "backend", None)
-    res("backend", isinstance(backend, str) and bool(backend),
-        f"backend = {backend!r}" if backend else "no 'backend' attribute naming the path used")
+    if not hasattr(m, "backend"):        # a plugin written for another harness (zoology's mixers)
+        res("backend", True, f"no 'backend' attribute: backend defaults to the class name "
+                             f"({spec.impl.__name__!r})")
+    else:
+        backend = m.backend
+        res("backend", isinstance(backend, str) and bool(backend),
+            f"backend = {backend!r}" if backend else "'backend' does not name the path used")
 
     # causality -----------------------------------------------------------------------------
     try:
-        worst, where = 0.0, None
-        scale = float(y.abs().max()) + 1.0
-        with torch.no_grad():
-            for t in sorted({0, T // 3, T // 2, T - 2}):
-                x2 = x.clone()
-                x2[:, t + 1:] = 3.0 * torch.randn(B, T - t - 1, D, generator=g).to(dev)
-                diff = float((m(x2)[:, : t + 1] - y[:, : t + 1]).abs().max())
-                if diff > worst:
-                    worst, where = diff, t
-        tol = 1e-4 * scale
+        worst, where, tol = causal_leak(m, x, y=y, generator=g)
         res("causal", worst <= tol,
             f"max change of outputs up to t when inputs after t change: {worst:.2e}"
             + (f" (at t={where}; tolerance {tol:.1e})" if worst > tol else ""))
@@ -235,7 +263,7 @@ def check_mixer(name: str, *, knobs: dict | None = None, device: str = "cpu", d_
     # fast path vs reference ----------------------------------------------------------------
     if dev.type != "cuda":
         skip("fast-vs-ref", "no GPU")
-    elif not _accepts(spec.cls, "backend") or "backend" in knobs:
+    elif not _accepts(spec.impl, "backend") or "backend" in knobs:
         skip("fast-vs-ref", "no backend switch (a single path)")
     else:
         out.append(fast_vs_reference(name, knobs=knobs, device=device, d_model=D, num_heads=num_heads,
@@ -276,14 +304,14 @@ def fast_vs_reference(name: str, *, knobs: dict | None = None, device: str = "cu
     norm-relative error of outputs and of every parameter's gradient below ``tol``."""
     import torch
 
-    from .registry import get_mixer
+    from .registry import build_mixer, get_mixer
     spec = get_mixer(name)
     dev = torch.device(device)
     models = []
     for backend in ("torch", "auto"):
         torch.manual_seed(seed)
-        models.append(spec.cls(d_model, num_heads=num_heads, layer_idx=0,
-                               **{**(knobs or {}), "backend": backend}).to(dev))
+        models.append(build_mixer(spec, d_model, num_heads=num_heads, layer_idx=0, l_max=seq_len,
+                                  **{**(knobs or {}), "backend": backend}).to(dev))
     g = torch.Generator(device="cpu").manual_seed(seed + 3)
     x = torch.randn(batch, seq_len, d_model, generator=g).to(dev)
     w = torch.randn(batch, seq_len, d_model, generator=g).to(dev)

@@ -1,6 +1,7 @@
 """The ``mixzoo`` command line. Every command lives in a module with ``configure(parser)``
 and ``main(args) -> int``; heavy imports happen inside ``main``, so ``--help`` is fast.
 Bad input (a ``UsageError``) prints one line and exits with code 2, writing nothing.
+The global options (``--results``, ``--plugin``, ``--device``) may also come after the command.
 """
 from __future__ import annotations
 
@@ -35,18 +36,28 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+def _global_options(p, *, top: bool) -> None:
+    """``--results``, ``--plugin`` and ``--device``: on the top-level parser with their defaults; on
+    each command's parser too, with no default (argparse.SUPPRESS), so that given after the command
+    they override the value before it (``--plugin`` adds to it: see ``main``)."""
+    def default(value) -> dict:
+        return {"default": value if top else argparse.SUPPRESS}
+    p.add_argument("--results", **default(os.environ.get("MIXZOO_RESULTS", "mixzoo-results")),
+                   help="results directory (env MIXZOO_RESULTS; default ./mixzoo-results)")
+    p.add_argument("--plugin", action="append", dest="plugin" if top else "plugin_after", **default([]),
+                   metavar="PATH.py", help="a Python file registering mechanisms or tasks (repeatable)")
+    p.add_argument("--device", **default("auto"), help="cpu, cuda, cuda:N or auto (default)")
+
+
 def build_parser() -> Parser:
     p = Parser(prog="mixzoo", description="Benchmark sequence-mixing mechanisms on synthetic tasks.")
-    p.add_argument("--results", default=os.environ.get("MIXZOO_RESULTS", "mixzoo-results"),
-                   help="results directory (env MIXZOO_RESULTS; default ./mixzoo-results)")
-    p.add_argument("--plugin", action="append", default=[], metavar="PATH.py",
-                   help="a Python file registering mechanisms or tasks (repeatable)")
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
+    _global_options(p, top=True)
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for name, (mod, help_) in COMMANDS.items():
         sp = sub.add_parser(name, help=help_, description=help_)
         m = importlib.import_module(mod)
         m.configure(name, sp)
+        _global_options(sp.add_argument_group("global options (also accepted before the command)"), top=False)
         sp.set_defaults(_module=mod)
     return p
 
@@ -54,6 +65,7 @@ def build_parser() -> Parser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
+    args.plugin = [*args.plugin, *vars(args).pop("plugin_after", [])]
     if extra:
         # a command may take trailing positionals after its options (``bench mixers --quick gdn``):
         # argparse fills a nargs="*" positional before the options and leaves the rest over

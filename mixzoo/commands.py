@@ -49,6 +49,8 @@ def configure(name: str, p) -> None:
         p.add_argument("--steps", type=int)
         p.add_argument("--batch-size", type=int)
         p.add_argument("--d-model", type=int)
+        p.add_argument("--allow-noncausal", action="store_true",
+                       help="run a mechanism that fails the causality check (the rows record it)")
     elif name == "demo":
         p.add_argument("--steps", type=int, default=None, help="training steps per model")
     elif name in ("tasks", "models"):
@@ -63,18 +65,27 @@ def _log(msg: str) -> None:
     print(msg, flush=True)
 
 
+# the flags that set a hyperparameter; the same key in --hp must agree
+FLAG_KEYS = (("lr", "--lr"), ("steps", "--steps"), ("batch_size", "--batch-size"), ("d_model", "--d-model"),
+             ("optimizer", "--optimizer"), ("schedule", "--schedule"))
+
+
 def run(args) -> int:
-    from .api import command_line
+    from .api import coerce_hparams, command_line
     from .api import run as api_run
-    hp = {k: literal(v) for k, v in parse_pairs(args.hp, "--hp").items()}
-    for key, val in (("lr", args.lr), ("steps", args.steps), ("batch_size", args.batch_size),
-                     ("d_model", args.d_model), ("optimizer", args.optimizer), ("schedule", args.schedule)):
-        if val is not None:
-            hp[key] = val
+    raw = parse_pairs(args.hp, "--hp")
+    hp = coerce_hparams(args.model, raw, label="--hp")
+    for key, flag in FLAG_KEYS:
+        val = getattr(args, key)
+        if val is None:
+            continue
+        if key in hp and hp[key] != val:
+            raise UsageError(f"{flag} {val} conflicts with --hp {key}={raw[key]}; give one of them")
+        hp[key] = val
     rows = api_run(args.task, args.model, knobs=parse_pairs(args.set, "--set"),
                    preset=args.preset, hparams=hp, recipe=args.recipe,
                    seeds=args.seed or [0], results=args.results, device=args.device,
-                   command=command_line(), log=_log)
+                   command=command_line(), log=_log, allow_noncausal=args.allow_noncausal)
     from .leaderboard.views import print_rows
     print_rows(rows)
     print(f"rows written under {args.results}/leaderboard/", flush=True)
@@ -92,7 +103,7 @@ DEMO_HP = dict(steps=400, batch_size=64, lr=1e-2, weight_decay=0.1, warmup_frac=
 
 def demo(args) -> int:
     """Small MQAR models with softmax and LLA on CPU, landed in the leaderboard."""
-    from .api import command_line
+    from .api import check_results_dir, command_line
     from .api import run as api_run
     from .leaderboard import read_table
     from .leaderboard.views import print_summary
@@ -100,6 +111,7 @@ def demo(args) -> int:
     if args.steps is not None:
         hp["steps"] = args.steps
     hp["n_train"] = hp["steps"] * hp["batch_size"]
+    check_results_dir(args.results)
     t0 = time.time()
     print(f"mixzoo demo: MQAR (preset 'demo': vocab 32, length 32, 4 key-value pairs), softmax attention "
           f"and Local Linear Attention, {hp['steps']} steps each at batch {hp['batch_size']}, d_model "
@@ -132,8 +144,13 @@ def list_tasks(args) -> int:
             m = f.metadata
             if m.get("choices") is not None:
                 allowed = "{" + ", ".join(map(str, m["choices"])) + "}"
+            elif isinstance(f.default, bool):
+                allowed = "{true, false}"
+            elif m.get("lo") is None and m.get("hi") is None:
+                allowed = ""
             else:
-                allowed = f"[{m.get('lo', '')}, {m.get('hi', '')}]"
+                lo, hi = m.get("lo"), m.get("hi")
+                allowed = f"[{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}]"
             print(f"    {f.name:<20} default {f.default!s:<10} {allowed:<22} {m.get('help', '')}")
         if cls.presets:
             print(f"    presets: {', '.join(cls.presets)}")
@@ -143,7 +160,7 @@ def list_tasks(args) -> int:
 def list_models(args) -> int:
     import torch
 
-    from .registry import mixers
+    from .registry import build_mixer, mixers
     reg = mixers()
     for name in args.names:
         if name not in reg:
@@ -154,12 +171,12 @@ def list_models(args) -> int:
         if args.names and name not in args.names:
             continue
         try:
-            m = spec.cls(d, num_heads=h, layer_idx=0)
+            m = build_mixer(spec, d, num_heads=h, layer_idx=0, l_max=T)
             n = sum(p.numel() for p in m.parameters())
             st = m.state_size(T) if hasattr(m, "state_size") else None
             with torch.no_grad():
                 m(torch.randn(1, 8, d))
-            backend = getattr(m, "backend", "torch")
+            backend = getattr(m, "backend", spec.impl.__name__)
         except Exception as e:  # a plugin that cannot build at d=128 is still listed
             n, st, backend = None, None, f"error: {type(e).__name__}"
         space = ", ".join(f"{k}~{v[0]}" for k, v in spec.search_space.items())

@@ -240,9 +240,8 @@ def main(args) -> int:
         return 0
     if args.workers < 1:
         raise UsageError(f"--workers {args.workers} must be >= 1")
-    res_dir = Path(args.results)
-    if res_dir.exists() and not res_dir.is_dir():
-        raise UsageError(f"--results {args.results!r} is not a directory")
+    from .api import check_results_dir
+    res_dir = check_results_dir(args.results)
     shards = make_shards(cells, args.workers)
     t0 = time.time()
     done = _run_shards(shards, res_dir, args.device)

@@ -1,5 +1,6 @@
-"""A mechanism that raises, diverges or refuses its knobs inside ``mixzoo run``: one stderr line,
-exit code 1 and a FAIL row with its reason; bad input still exits 2, Ctrl+C still exits 130."""
+"""A mechanism that raises or diverges inside ``mixzoo run``: one stderr line, exit code 1 and a
+FAIL row with its reason; bad input (a constructor refusing its knobs included) still exits 2,
+Ctrl+C still exits 130."""
 from __future__ import annotations
 
 import signal
@@ -104,15 +105,16 @@ def test_nan_output_is_a_diverged_fail_row(tmp_path, capsys):
     assert row["steps"] == 10
 
 
-def test_value_error_in_init_is_a_fail_row(tmp_path, capsys):
+def test_value_error_in_init_is_bad_input_exit_2_and_writes_nothing(tmp_path, capsys):
+    # the mechanism is built once on the CPU before any data is generated: a constructor refusing
+    # its knobs is bad input (one line, exit 2, no row); what it raises later is a FAIL row (above)
     res = tmp_path / "r"
     rc, out, err = _run(res, capsys, "width=0")
-    assert rc == 1
-    reason = "ValueError: width=0; must be >= 1"
-    assert _failed_lines(err) == [f"{PREFIX} {NAME} on mqar seed 0: FAIL: {reason}"], err
-    assert "Traceback" not in err and out.count("Traceback") == 1
-    (row,) = read_table(res).to_pylist()
-    assert row["state"] == "FAIL" and row["state_reason"] == reason and row["steps"] == 0
+    assert rc == 2
+    assert err.strip().splitlines() == [
+        f"mixzoo: error: mechanism {NAME!r} refused its settings: ValueError: width=0; must be >= 1"], err
+    assert not _failed_lines(err) and "Traceback" not in out + err
+    assert not res.exists()
 
 
 def test_a_complete_run_still_exits_0(tmp_path, capsys):

@@ -33,7 +33,7 @@ def bench_mixers(names=None, *, batch: int = 8, seq_len: int = 1024, d_model: in
     {name: knobs} for names given bare."""
     import torch
 
-    from ..registry import mixers
+    from ..registry import build_mixer, mixers
     reg = mixers()
     names = list(names or reg)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -46,7 +46,7 @@ def bench_mixers(names=None, *, batch: int = 8, seq_len: int = 1024, d_model: in
                "num_heads": num_heads, "device": str(dev), "dtype": "bf16-autocast" if cuda else "float32"}
         try:
             torch.manual_seed(0)
-            m = reg[name].cls(d_model, num_heads=num_heads, layer_idx=0, **kn).to(dev)
+            m = build_mixer(reg[name], d_model, num_heads=num_heads, l_max=seq_len, **kn).to(dev)
             row["params"] = sum(p.numel() for p in m.parameters())
             x = torch.randn(batch, seq_len, d_model, device=dev, requires_grad=True)
             gy = torch.randn(batch, seq_len, d_model, device=dev)

@@ -52,6 +52,13 @@ def _load(args) -> tuple[list[dict], list[dict]]:
             if rows and v not in present:
                 raise UsageError(f"no rows with {what} {v!r}; present: {', '.join(sorted(map(str, present)))}")
     where = parse_pairs(args.where, "--where")
+    if rows and where:
+        from .views import knobs_of
+        known = sorted({k for r in rows for k in knobs_of(r)})
+        for k in where:
+            if k not in known:
+                raise UsageError(f"--where {k}={where[k]}: no row has a knob {k!r}; knobs present: "
+                                 f"{', '.join(known) or '(none)'}")
     return rows, filter_rows(rows, suite=args.suite, task=args.task, models=models, where=where)
 
 
@@ -106,10 +113,10 @@ def main(args) -> int:
         print("\n\n".join(format_view(v) for v in _views(args, sel)))
         return 0
     if args.action == "export":
-        from .export import export
+        from .export import export, format_of
         if not args.out:
             raise UsageError("export needs --out PATH (a .csv or .md file)")
-        fmt = args.format or ("md" if args.out.endswith(".md") else "csv")
+        fmt = format_of(args.out, args.format)
         print(f"{args.view or 'best'} view written to {export(_views(args, sel), fmt, args.out)}")
         return 0
     return _plot(args, rows, sel)

@@ -8,9 +8,27 @@ import os
 import uuid
 from pathlib import Path
 
+from ..errors import UsageError
 from .views import View
 
 FORMATS = ("csv", "md")
+SUFFIXES = {".csv": "csv", ".md": "md", ".markdown": "md"}
+
+
+def format_of(out: str | Path, fmt: str | None = None) -> str:
+    """The export format: ``fmt`` when given, else from the file's suffix (``.csv``, ``.md``; none:
+    csv); an unknown format or suffix is a UsageError."""
+    if fmt is not None:
+        if fmt not in FORMATS:
+            raise UsageError(f"unknown export format {fmt!r}; allowed: {', '.join(FORMATS)}")
+        return fmt
+    suffix = Path(out).suffix.lower()
+    if not suffix:
+        return "csv"
+    if suffix not in SUFFIXES:
+        raise UsageError(f"--out {str(out)!r}: unknown export format {suffix!r}; allowed: "
+                         f"{', '.join(SUFFIXES)} (or give --format csv|md)")
+    return SUFFIXES[suffix]
 
 
 def write_atomic(path: str | Path, data: str | bytes) -> Path:
@@ -73,5 +91,5 @@ def to_markdown(views: list[View]) -> str:
 
 def export(views: list[View], fmt: str, out: str | Path) -> Path:
     if fmt not in FORMATS:
-        raise ValueError(f"unknown format {fmt!r}; allowed: {', '.join(FORMATS)}")
+        raise UsageError(f"unknown export format {fmt!r}; allowed: {', '.join(FORMATS)}")
     return write_atomic(out, to_csv(views) if fmt == "csv" else to_markdown(views))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # Partition keys: encoded in the directory path (suite=<s>/task=<t>/), not in the files.
 PARTITION_KEYS = ("suite", "task")
@@ -66,6 +66,7 @@ CORE = pa.schema([
     ("device_name", pa.string()),
     ("hostname", pa.string()),
     ("command", pa.string()),
+    ("allow_noncausal", pa.bool_()),     # given --allow-noncausal: the causality check did not gate the run (schema 3)
 ])
 
 

@@ -66,6 +66,9 @@ class LocalLinearAttention(nn.Module):
             raise ValueError(f"d_model={d_model} not divisible by num_heads={num_heads}")
         if backend not in ("auto", "torch", "triton"):
             raise ValueError(f"backend={backend!r}; allowed: auto, torch, triton")
+        if isinstance(ridge, (bool, str)) or not 0 < float(ridge) <= 700:
+            # softplus^{-1} below needs ridge > 0 and overflows past ~700 (nan fails the range too)
+            raise ValueError(f"ridge={ridge!r}; must be a number in (0, 700]")
         self.h, self.use_rope, self.requested = num_heads, rope, backend
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.out = nn.Linear(d_model, d_model, bias=False)
