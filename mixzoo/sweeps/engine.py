@@ -9,10 +9,17 @@ PRUNED, or FAIL with a ``reason``). When every slot is finished, the best config
 once per final seed through a companion *final study* laid out the same way (one slot per
 seed); each final run is one leaderboard file, written only if no row of (study, seed) exists.
 
-A claimed trial carries ``owner`` (host, boot, pid, start time) and a ``heartbeat`` it refreshes.
-A RUNNING trial whose owner process is gone (same host) or whose heartbeat is older than the
-grace period (another host) is stale: the first worker to mark it FAIL (``stale``) enqueues a
-retry with the same parameters in the same slot, so the budget is met exactly.
+A claimed trial carries ``owner`` (host, boot, pid, start time) and a ``heartbeat`` it refreshes
+(every ``MIXZOO_SWEEP_HEARTBEAT`` s). A RUNNING trial whose owner process is gone (same host) or
+whose heartbeat is older than the grace period (``MIXZOO_SWEEP_GRACE`` s; another host, or a
+process that cannot be inspected) is stale: the first worker to mark it FAIL (``stale``) enqueues
+a retry with the same parameters in the same slot, so the budget is met exactly. The host is
+``socket.gethostname()``, or ``MIXZOO_HOSTNAME`` where that is not unique (containers).
+
+A worker interrupted (Ctrl-C, or SIGTERM: :class:`Terminated`) gives its trial back the same
+way before it stops, so a rerun from any host runs it at once. A final run whose leaderboard
+row cannot be written (a full disk) is recorded FAIL with the reason and re-enqueued, and the
+worker stops with a :class:`~.storage.StorageError`, as it does when the storage itself fails.
 """
 from __future__ import annotations
 
@@ -30,13 +37,26 @@ from pathlib import Path
 from typing import Any
 
 from .spec import Unit
+from .storage import StorageError
 
 HEARTBEAT_S = float(os.environ.get("MIXZOO_SWEEP_HEARTBEAT", "10"))
 GRACE_S = float(os.environ.get("MIXZOO_SWEEP_GRACE", "120"))
 POLL_S = float(os.environ.get("MIXZOO_SWEEP_POLL", "2"))
+HOST_ENV = "MIXZOO_HOSTNAME"
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (what schedulers send), raised where the worker is, like Ctrl-C's KeyboardInterrupt:
+    Lightning and the trainer pass it through as they do Ctrl-C. Exit code 143 (128 + 15)."""
+    exit_code = 143
 
 
 # ---------------------------------------------------------------------------- identity
+def hostname() -> str:
+    """This host's name in owner tokens: env ``MIXZOO_HOSTNAME``, else ``socket.gethostname()``."""
+    return os.environ.get(HOST_ENV) or socket.gethostname()
+
+
 def _boot_id() -> str:
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:8]
@@ -58,7 +78,7 @@ def _start_ticks(pid: int) -> str | None:
 
 def owner_token(pid: int | None = None) -> str:
     pid = pid or os.getpid()
-    return f"{socket.gethostname()}|{_boot_id()}|{pid}|{_start_ticks(pid) or '-'}"
+    return f"{hostname()}|{_boot_id()}|{pid}|{_start_ticks(pid) or '-'}"
 
 
 def owner_alive(token: str) -> bool | None:
@@ -67,7 +87,7 @@ def owner_alive(token: str) -> bool | None:
         host, boot, pid, ticks = token.split("|")
     except ValueError:
         return None
-    if host != socket.gethostname() or boot != _boot_id() or ticks == "-":
+    if host != hostname() or boot != _boot_id() or ticks == "-":
         return None
     return _start_ticks(int(pid)) == ticks
 
@@ -172,32 +192,55 @@ def is_stale(t, now: float, grace: float) -> bool:
     return now - float(last) > grace
 
 
-def reap(storage, sid: int, trials, grace: float, log: Callable[[str], None]) -> int:
-    """Mark stale RUNNING trials FAIL and enqueue their retries; returns how many this call reaped."""
+def retire(storage, sid: int, t, reason: str) -> bool:
+    """Mark the RUNNING trial ``t`` FAIL with ``reason`` and ``stale`` (it no longer holds its slot)
+    and enqueue a retry with the same parameters in the same slot; False when it had finished
+    meanwhile (another worker retired it, or its owner finished it)."""
     from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import create_trial
     TS = _states()
+    try:
+        storage.set_trial_user_attr(t._trial_id, "stale", True)
+        storage.set_trial_user_attr(t._trial_id, "reason", reason)
+        storage.set_trial_state_values(t._trial_id, state=TS.FAIL)
+    except (UpdateFinishedTrialError, RuntimeError):
+        return False
+    ua = {k: v for k, v in t.user_attrs.items() if k in ("slot", "seed", "kind")}
+    ua["retry_of"] = t.number
+    params = dict(t.system_attrs.get("fixed_params") or {})
+    params.update(t.params)
+    storage.create_new_trial(sid, template_trial=create_trial(
+        state=TS.WAITING, system_attrs={"fixed_params": params}, user_attrs=ua))
+    return True
+
+
+def reap(storage, sid: int, trials, grace: float, log: Callable[[str], None]) -> int:
+    """Mark stale RUNNING trials FAIL and enqueue their retries; returns how many this call reaped."""
     now = time.time()
     n = 0
     for t in trials:
         if not is_stale(t, now, grace):
             continue
-        try:
-            storage.set_trial_user_attr(t._trial_id, "stale", True)
-            storage.set_trial_user_attr(t._trial_id, "reason",
-                                        f"worker {t.user_attrs.get('owner', '?')} stopped (killed or lost); retried")
-            storage.set_trial_state_values(t._trial_id, state=TS.FAIL)
-        except (UpdateFinishedTrialError, RuntimeError):
-            continue  # another worker reaped it, or it just finished
-        ua = {k: v for k, v in t.user_attrs.items() if k in ("slot", "seed", "kind")}
-        ua["retry_of"] = t.number
-        params = dict(t.system_attrs.get("fixed_params") or {})
-        params.update(t.params)
-        storage.create_new_trial(sid, template_trial=create_trial(
-            state=TS.WAITING, system_attrs={"fixed_params": params}, user_attrs=ua))
-        log(f"reaped stale trial {t.number} (slot {ua.get('slot')}) and re-enqueued it")
-        n += 1
+        if retire(storage, sid, t, f"worker {t.user_attrs.get('owner', '?')} stopped (killed or lost); retried"):
+            log(f"reaped stale trial {t.number} (slot {t.user_attrs.get('slot')}) and re-enqueued it")
+            n += 1
     return n
+
+
+@contextlib.contextmanager
+def given_back_on_interrupt(ctx, sid: int, t):
+    """Run the claimed trial ``t``; on Ctrl-C or SIGTERM, give it back (retired and re-enqueued,
+    as a reaper would) before the interrupt goes on, so a rerun from any host runs it at once
+    instead of waiting for the grace period. Best effort: a trial left RUNNING is reaped."""
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        how = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
+        with contextlib.suppress(Exception):
+            if retire(ctx.storage, sid, t, f"interrupted ({how}); retried"):
+                ctx.log(f"interrupted ({how}): trial {t.number} (slot {t.user_attrs.get('slot')}) given back "
+                        f"for the rerun")
+        raise
 
 
 def claim(storage, trials) -> Any | None:
@@ -234,6 +277,8 @@ def heartbeat(storage, trial_id: int, interval: float = HEARTBEAT_S):
         while not stop.wait(interval):
             try:
                 storage.set_trial_user_attr(trial_id, "heartbeat", time.time())
+            except StorageError:
+                continue  # storage down or disk full: beat again later (the main thread stops the worker)
             except Exception:
                 return  # finished (or reaped) meanwhile
     th = threading.Thread(target=beat, daemon=True, name="mixzoo-heartbeat")
@@ -358,7 +403,8 @@ def step(ctx: Context, units: list[Unit]) -> str:
         if not all(t.state.is_finished() for t in slots.values()):
             t = claim(ctx.storage, trials)
             if t is not None:
-                run_search_trial(ctx, u, t)
+                with given_back_on_interrupt(ctx, sid, t):
+                    run_search_trial(ctx, u, t)
                 return "worked"
             waiting = True
             continue
@@ -377,7 +423,8 @@ def step(ctx: Context, units: list[Unit]) -> str:
             continue
         t = claim(ctx.storage, ftrials)
         if t is not None:
-            run_final(ctx, u, fid, t)
+            with given_back_on_interrupt(ctx, fid, t):
+                run_final(ctx, u, fid, t)
             return "worked"
         waiting = True
     return "wait" if waiting else "done"
@@ -390,6 +437,8 @@ def work(ctx: Context, units: list[Unit], stop: Callable[[], bool] = lambda: Fal
         try:
             r = step(ctx, units)
             errors = 0
+        except StorageError:
+            raise   # the storage already retried for its window (or the disk is full): stop this worker
         except Exception as e:  # a storage hiccup: retry a few times before giving up
             errors += 1
             ctx.trainer_log(traceback.format_exc())
@@ -436,12 +485,17 @@ def pruning_hook(trial, metric: str):
 
 def run_search_trial(ctx: Context, u: Unit, frozen) -> None:
     import optuna
+    from optuna.exceptions import UpdateFinishedTrialError
     from optuna.trial import TrialState as TS
 
     from .. import api
     slot = frozen.user_attrs["slot"]
     study = optuna.load_study(study_name=u.study, storage=ctx.storage, sampler=make_sampler(u, slot),
                               pruner=make_pruner(u))
+    # On an RDB, load_study wraps the storage in Optuna's cache, which can set a parameter only of
+    # a trial it has read: read the study now, or a fixed parameter (an enqueued or a retried
+    # trial's), set before any sampling reads it, fails with a KeyError
+    study.get_trials(deepcopy=False)
     trial = optuna.Trial(study, frozen._trial_id)
     tag = f"{u.task}[{u.label}] {u.model} trial {frozen.number} (slot {slot})"
     with heartbeat(ctx.storage, frozen._trial_id):
@@ -456,6 +510,14 @@ def run_search_trial(ctx: Context, u: Unit, frozen) -> None:
         except optuna.TrialPruned as e:
             _finish(ctx.storage, frozen._trial_id, TS.PRUNED, reason=str(e) or "pruned")
             ctx.log(f"{tag}: PRUNED ({e})")
+            return
+        except StorageError:
+            raise   # not the trial's fault; it stays RUNNING and is reaped on the rerun
+        except UpdateFinishedTrialError:
+            # a report found the trial finished: this worker was presumed lost (stopped, cut off)
+            # and another reaped the trial and runs its retry
+            ctx.log(f"{tag}: reclaimed by another worker meanwhile (this one was presumed lost); "
+                    f"stopped, its result is dropped")
             return
         except Exception as e:
             _record_failure(ctx, frozen, tag, e)
@@ -489,13 +551,17 @@ def ensure_final(ctx: Context, u: Unit, best) -> int:
     if created:
         ensure_slots(ctx.storage, fid, [{"slot": i, "seed": s, "kind": "final"} for i, s in enumerate(u.seeds)])
         return fid
-    # created elsewhere: lay missing slots only if its creator is gone (its setup was cut short)
+    # created elsewhere: lay missing slots only if its creator is gone (its setup was cut short);
+    # so are the attributes it did not set (the same for every worker: the search is finished)
     slots, _ = canonical(ctx.storage.get_all_trials(fid, deepcopy=False))
     if len(slots) < len(u.seeds):
         import optuna
         sa = optuna.load_study(study_name=u.final_study, storage=ctx.storage).user_attrs
         alive = owner_alive(sa["owner"]) if "owner" in sa else None
         if alive is False or overdue(ctx, u.final_study):
+            for k, v in attrs.items():
+                if k not in sa:
+                    ctx.storage.set_study_user_attr(fid, k, v)
             ensure_slots(ctx.storage, fid, [{"slot": i, "seed": s, "kind": "final"} for i, s in enumerate(u.seeds)])
     return fid
 
@@ -543,6 +609,8 @@ def run_final(ctx: Context, u: Unit, fid: int, frozen) -> None:
             rows = api.run(u.task, u.model, knobs=u.knobs, preset=u.task_preset, hparams=hp, recipe=u.recipe,
                            seeds=(seed,), results=None, device=ctx.device, study=u.study, trial=best,
                            command=ctx.command, log=ctx.trainer_log)
+        except StorageError:
+            raise
         except Exception as e:
             _record_failure(ctx, frozen, tag, e)
             return
@@ -551,7 +619,17 @@ def run_final(ctx: Context, u: Unit, fid: int, frozen) -> None:
         if now.state != TS.RUNNING or seed in existing_rows(ctx.results, u.task, u.study):
             ctx.log(f"{tag}: finished elsewhere meanwhile; row not written")
             return
-        write_rows(ctx.results, rows)
+        try:
+            write_rows(ctx.results, rows)   # a temporary file renamed: nothing is left when it fails
+        except OSError as e:
+            # a full (or failing) results disk: the run is recorded FAIL with the reason and its
+            # slot re-enqueued, and this worker stops: the next run would fail the same way
+            detail = os.strerror(e.errno) if e.errno else (str(e).strip().splitlines() or [type(e).__name__])[-1]
+            why = f"cannot write the leaderboard row under {Path(ctx.results) / 'leaderboard'}: {detail}"
+            ctx.trainer_log(traceback.format_exc())
+            retire(ctx.storage, fid, frozen, f"{why}; retried")
+            raise StorageError(f"{tag}: {why}; free space (or fix the disk) and rerun the same command "
+                               f"to resume") from e
     if row["state"] == "COMPLETE":
         _finish(ctx.storage, frozen._trial_id, TS.COMPLETE, value=float(row["metric_value"]))
         ctx.log(f"{tag}: test {u.metric} {row['metric_value']:.4f}")

@@ -1,13 +1,22 @@
-"""What ``mixzoo sweep`` and ``mixzoo compare`` do: set up, start workers, wait, summarize."""
+"""What ``mixzoo sweep`` and ``mixzoo compare`` do: set up, start workers, wait, summarize.
+
+Exit codes: 0 done; 1 unfinished (rerun to resume); 2 bad input (one line, nothing written);
+75 the storage or the results disk failed (a database down past ``MIXZOO_STORAGE_RETRY_S``, a
+full disk; one line; rerun to resume once it is fixed); 130 Ctrl-C; 143 SIGTERM. On Ctrl-C or
+SIGTERM each worker gives its trial back (re-enqueued) and stops; the coordinator passes a
+SIGTERM sent to it alone on to its workers.
+"""
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import math
 import os
-import socket
+import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -16,7 +25,7 @@ from typing import Any
 from ..errors import UsageError
 from . import engine
 from .spec import Spec, Unit, builtin_names, load, merge, read_raw
-from .storage import check_parallel, mask, open_storage, resolve, scrub
+from .storage import EXIT_STORAGE, StorageError, check_parallel, interrupt, mask, open_storage, resolve, retry_window, scrub
 
 
 def load_spec(spec: str, preset: str | None = None, **kw) -> Spec:
@@ -54,41 +63,110 @@ def run_ttr(args, spec: Spec) -> int:
 
 # ---------------------------------------------------------------------------- logs
 class Logs:
-    """Terse lines to the screen (and the file); the trainer's lines to the file only."""
+    """Terse lines to the screen (and the file); the trainer's lines to the file only. A log file
+    that cannot be written (a full disk) is dropped with one warning; the sweep goes on."""
 
     def __init__(self, results: str, spec: str, url: str, prefix: str = ""):
         d = Path(results) / "sweeps" / "logs"
-        d.mkdir(parents=True, exist_ok=True)
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in spec)
-        self.path = d / f"{safe}-{socket.gethostname()}-{os.getpid()}.log"
-        self._f = open(self.path, "a", buffering=1)
+        self.path = d / f"{safe}-{engine.hostname()}-{os.getpid()}.log"
         self.url, self.prefix = url, prefix
+        self._f = None
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            self._f = open(self.path, "a", buffering=1)
+        except OSError as e:
+            self._drop(e)
+
+    def _drop(self, e: OSError) -> None:
+        if self._f is not None:
+            with contextlib.suppress(OSError):
+                self._f.close()
+        self._f = None
+        print(f"{self.prefix}mixzoo: warning: cannot write the worker log {self.path}: {e.strerror or e}; "
+              f"logging to the screen only", file=sys.stderr, flush=True)
 
     def file(self, msg: str) -> None:
-        self._f.write(f"{_dt.datetime.now():%H:%M:%S} {scrub(msg, self.url)}\n")
+        if self._f is None:
+            return
+        try:
+            self._f.write(f"{_dt.datetime.now():%H:%M:%S} {scrub(msg, self.url)}\n")
+        except OSError as e:
+            self._drop(e)
 
     def screen(self, msg: str) -> None:
         msg = scrub(msg, self.url)
         self.file(msg)
         print(f"{self.prefix}{msg}", flush=True)
 
+    def note(self, msg: str) -> None:
+        """A line about the storage itself (a journal repaired, a database lost and back): stderr."""
+        msg = scrub(msg, self.url)
+        self.file(msg)
+        print(f"{self.prefix}mixzoo: {msg}", file=sys.stderr, flush=True)
 
-def _context(args, storage_url: str, spec: Spec, prefix: str = "") -> engine.Context:
+
+@contextlib.contextmanager
+def interrupts_raise():
+    """While inside: SIGTERM raises :class:`engine.Terminated` where the main thread is (once: a
+    repeat while stopping is ignored), as Ctrl-C raises KeyboardInterrupt; either waits for a
+    journal append under way to finish (:func:`storage.uninterrupted`)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    fired: list[int] = []
+
+    def on_sigterm(signum, frame):
+        if not fired:
+            fired.append(signum)
+            interrupt(engine.Terminated())
+
+    def on_sigint(signum, frame):
+        interrupt(KeyboardInterrupt())
+    old = {signal.SIGTERM: signal.signal(signal.SIGTERM, on_sigterm)}
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        old[signal.SIGINT] = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def _stopped(e: BaseException) -> tuple[str, int]:
+    """The line and exit code of a sweep stopped by Ctrl-C or SIGTERM."""
+    if isinstance(e, engine.Terminated):
+        return "terminated (SIGTERM); rerun the same command to resume", engine.Terminated.exit_code
+    return "interrupted; rerun the same command to resume", 130
+
+
+def _context(args, storage_url: str, spec: Spec, prefix: str = "", retry_s: float = 0.0) -> engine.Context:
     logs = Logs(args.results, spec.name, storage_url, prefix)
     from ..api import command_line
     command = os.environ.get("MIXZOO_SWEEP_COMMAND") or mask(command_line())
-    return engine.Context(storage=open_storage(storage_url), storage_url=storage_url, results=str(args.results),
+    storage = open_storage(storage_url, log=logs.note, retry_s=retry_s)
+    return engine.Context(storage=storage, storage_url=storage_url, results=str(args.results),
                           device=args.device, command=scrub(command, storage_url), log=logs.screen,
                           trainer_log=logs.file)
 
 
+def _storage_failed(e: StorageError, url: str, prefix: str = "") -> int:
+    print(f"{prefix}mixzoo: error: {scrub(str(e), url)}", file=sys.stderr, flush=True)
+    return EXIT_STORAGE
+
+
 def worker_main(args, spec: Spec, storage: str | None) -> int:
     url = resolve(storage, args.results)
-    ctx = _context(args, url, spec, prefix=f"[w{args.worker_index}] ")
-    try:
-        engine.work(ctx, spec.units)
-    except KeyboardInterrupt:
-        return 130
+    prefix = f"[w{args.worker_index}] "
+    with interrupts_raise():
+        try:
+            # the coordinator has reached the storage already: a worker waits out a restart
+            ctx = _context(args, url, spec, prefix=prefix, retry_s=retry_window())
+            engine.work(ctx, spec.units)
+        except StorageError as e:
+            return _storage_failed(e, url, prefix)
+        except KeyboardInterrupt as e:
+            return _stopped(e)[1]
     return 0
 
 
@@ -139,38 +217,55 @@ def coordinate(args, spec: Spec, storage: str | None, spec_arg: str) -> int:
         args.workers = _auto_workers(args, spec)
     url = resolve(storage, args.results)
     check_parallel(url, args.workers)
+    retry_window()   # a bad MIXZOO_STORAGE_RETRY_S is bad input: one line, exit code 2, before anything runs
     ctx = _context(args, url, spec)
     where = mask(url)
     print(f"sweep {spec.name} [{spec.preset or '-'}]: {len(spec.units)} studies "
           f"({len(spec.units[0].seeds) if spec.units else 0} final seeds each), storage {where}, "
           f"{args.workers} worker(s); worker logs under {Path(args.results) / 'sweeps' / 'logs'}", flush=True)
-    engine.setup(ctx, spec.units)
+    with interrupts_raise():
+        return _run_workers(args, spec, spec_arg, ctx, url)
+
+
+def _run_workers(args, spec: Spec, spec_arg: str, ctx: engine.Context, url: str) -> int:
     t0 = time.time()
     failed_workers = []
-    if args.workers <= 1:
-        try:
+    procs: list[subprocess.Popen] = []
+    try:
+        engine.setup(ctx, spec.units)
+        if args.workers <= 1:
             engine.work(ctx, spec.units)
-        except KeyboardInterrupt:
-            print("interrupted; rerun the same command to resume", file=sys.stderr)
-            return 130
-    else:
-        env = {**os.environ, "MIXZOO_STORAGE": url, "MIXZOO_SWEEP_COMMAND": ctx.command or ""}
-        procs = []
-        for i in range(args.workers):
-            procs.append(subprocess.Popen(_worker_argv(args, spec, spec_arg, i), env={**env, **_gpu_env(args.device, i)}))
-        print(f"started workers (pids {', '.join(str(p.pid) for p in procs)})", flush=True)
-        try:
+        else:
+            env = {**os.environ, "MIXZOO_STORAGE": url, "MIXZOO_SWEEP_COMMAND": ctx.command or ""}
+            for i in range(args.workers):
+                procs.append(subprocess.Popen(_worker_argv(args, spec, spec_arg, i),
+                                              env={**env, **_gpu_env(args.device, i)}))
+            print(f"started workers (pids {', '.join(str(p.pid) for p in procs)})", flush=True)
             for i, p in enumerate(procs):
                 if p.wait() != 0:
                     failed_workers.append((i, p.returncode))
-        except KeyboardInterrupt:
+        status = [engine.unit_status(ctx, u) for u in spec.units]
+    except StorageError as e:
+        return _storage_failed(e, url)
+    except KeyboardInterrupt as e:
+        # Ctrl-C reaches every worker from the terminal; a SIGTERM may have been sent to this
+        # process alone (a scheduler, kill PID): pass it on. Each worker gives its trial back.
+        if isinstance(e, engine.Terminated):
             for p in procs:
-                p.wait()
-            print("interrupted; rerun the same command to resume", file=sys.stderr)
-            return 130
-    status = [engine.unit_status(ctx, u) for u in spec.units]
+                if p.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        p.send_signal(signal.SIGTERM)
+        for p in procs:
+            p.wait()
+        line, rc = _stopped(e)
+        print(line, file=sys.stderr)
+        return rc
     print_summary(ctx, status, time.time() - t0)
-    export_trials(ctx, spec, status)
+    try:
+        export_trials(ctx, spec, status)
+    except (OSError, StorageError) as e:
+        print(f"mixzoo: warning: cannot write the trial table under {Path(ctx.results) / 'sweeps' / 'trials'}: "
+              f"{getattr(e, 'strerror', None) or e}", file=sys.stderr)
     for i, rc in failed_workers:
         why = f"signal {-rc}" if rc < 0 else f"exit code {rc}"
         print(f"worker {i} stopped with {why}", file=sys.stderr)
@@ -178,7 +273,7 @@ def coordinate(args, spec: Spec, storage: str | None, spec_arg: str) -> int:
     if incomplete:
         print(f"sweep incomplete: {len(incomplete)} of {len(status)} studies unfinished; "
               f"rerun the same command to resume", file=sys.stderr)
-        return 1
+        return EXIT_STORAGE if any(rc == EXIT_STORAGE for _, rc in failed_workers) else 1
     return 0
 
 
@@ -241,8 +336,11 @@ def export_trials(ctx: engine.Context, spec: Spec, status: list[dict]) -> Path |
     d.mkdir(parents=True, exist_ok=True)
     out = d / f"{spec.name}{'-' + spec.preset if spec.preset else ''}.parquet"
     tmp = d / f".tmp-{uuid.uuid4().hex}.parquet"
-    pq.write_table(pa.Table.from_pylist(rows), tmp)
-    os.replace(tmp, out)
+    try:
+        pq.write_table(pa.Table.from_pylist(rows), tmp)
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
     return out
 
 
