@@ -3,75 +3,25 @@ loopback (as test_sweeps_postgres.py starts it), restarted and stopped with pg_c
 from __future__ import annotations
 
 import os
-import pwd
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from test_sweeps_faults import ENV, check_complete, error_lines, spec_file, wait_for
-from test_sweeps_postgres import PASSWORD, _bin, _free_port
+from test_sweeps_postgres import PASSWORD, postgres_server
 
 from mixzoo.cli import main
 from mixzoo.sweeps import engine
 
 
-@dataclass
-class Server:
-    url: str
-    bindir: Path
-    data: Path
-    log: Path
-    port: int
-    sock: Path
-    as_pg: list[str]
-
-    def pg_ctl(self, *args: str) -> None:
-        subprocess.run([*self.as_pg, str(self.bindir / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), *args],
-                       check=True, capture_output=True, timeout=120)
-
-    def start(self) -> None:
-        self.pg_ctl("-w", "-t", "60", "-o", f"-p {self.port} -k {self.sock} -c listen_addresses=127.0.0.1 "
-                    f"-c fsync=off", "start")
-
-    def pid(self) -> int:
-        return int((self.data / "postmaster.pid").read_text().split()[0])
-
-
 @pytest.fixture(scope="module")
 def server():
-    bindir = _bin()
-    if bindir is None:
-        if os.environ.get("CI"):
-            pytest.fail("CI: PostgreSQL is not installed (.ci/run installs Debian's postgresql package)")
-        pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
-    pytest.importorskip("psycopg")
-    root = os.geteuid() == 0
-    d = Path(tempfile.mkdtemp(prefix="mixzoo-pgf-"))
-    (d / "sock").mkdir()
-    (d / "pw").write_text(PASSWORD + "\n")
-    if root:
-        pg = pwd.getpwnam("postgres")
-        for p in (d, d / "sock", d / "pw"):
-            os.chown(p, pg.pw_uid, pg.pw_gid)
-    port = _free_port()
-    srv = Server(url=f"postgresql://mixzoo:{PASSWORD}@127.0.0.1:{port}/postgres", bindir=bindir, data=d / "data",
-                 log=d / "log", port=port, sock=d / "sock", as_pg=["runuser", "-u", "postgres", "--"] if root else [])
-    subprocess.run([*srv.as_pg, str(bindir / "initdb"), "-D", str(srv.data), "-U", "mixzoo", "--auth=scram-sha-256",
-                    f"--pwfile={d / 'pw'}", "-E", "UTF8", "--no-sync"], check=True, capture_output=True)
-    srv.start()
-    try:
+    with postgres_server("mixzoo-pgf-") as srv:
         yield srv
-    finally:
-        subprocess.run([*srv.as_pg, str(bindir / "pg_ctl"), "-D", str(srv.data), "-m", "immediate", "stop"],
-                       capture_output=True)
-        shutil.rmtree(d, ignore_errors=True)
 
 
 def trials_of(url: str, prefix: str) -> dict[str, list]:

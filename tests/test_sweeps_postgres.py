@@ -6,6 +6,7 @@ The server comes from Debian's packages (``.ci/run`` installs them); it is start
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import pwd
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -34,8 +36,33 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def postgres_url():
+@dataclass
+class Server:
+    """A PostgreSQL server of Debian's packages, in a temporary directory, on a free loopback port."""
+    url: str
+    bindir: Path
+    data: Path
+    log: Path
+    port: int
+    sock: Path
+    as_pg: list[str]
+
+    def pg_ctl(self, *args: str) -> None:
+        subprocess.run([*self.as_pg, str(self.bindir / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), *args],
+                       check=True, capture_output=True, timeout=120)
+
+    def start(self) -> None:
+        self.pg_ctl("-w", "-t", "60", "-o", f"-p {self.port} -k {self.sock} -c listen_addresses=127.0.0.1 "
+                    f"-c fsync=off", "start")
+
+    def pid(self) -> int:
+        return int((self.data / "postmaster.pid").read_text().split()[0])
+
+
+@contextlib.contextmanager
+def postgres_server(prefix: str = "mixzoo-pg-"):
+    """A started server (as the ``postgres`` user when root), stopped and removed afterwards; skipped
+    outside CI where PostgreSQL is not installed, a failure in CI."""
     bindir = _bin()
     if bindir is None:
         if os.environ.get("CI"):
@@ -43,27 +70,31 @@ def postgres_url():
         pytest.skip("PostgreSQL is not installed (apt-get install postgresql)")
     pytest.importorskip("psycopg")
     root = os.geteuid() == 0
-    as_pg = ["runuser", "-u", "postgres", "--"] if root else []
-    d = Path(tempfile.mkdtemp(prefix="mixzoo-pg-"))
-    data, sock = d / "data", d / "sock"
-    sock.mkdir()
+    d = Path(tempfile.mkdtemp(prefix=prefix))
+    (d / "sock").mkdir()
     (d / "pw").write_text(PASSWORD + "\n")
     if root:
         pg = pwd.getpwnam("postgres")
-        for p in (d, sock, d / "pw"):
+        for p in (d, d / "sock", d / "pw"):
             os.chown(p, pg.pw_uid, pg.pw_gid)
     port = _free_port()
-    subprocess.run([*as_pg, str(bindir / "initdb"), "-D", str(data), "-U", "mixzoo", "--auth=scram-sha-256",
+    srv = Server(url=f"postgresql://mixzoo:{PASSWORD}@127.0.0.1:{port}/postgres", bindir=bindir, data=d / "data",
+                 log=d / "log", port=port, sock=d / "sock", as_pg=["runuser", "-u", "postgres", "--"] if root else [])
+    subprocess.run([*srv.as_pg, str(bindir / "initdb"), "-D", str(srv.data), "-U", "mixzoo", "--auth=scram-sha-256",
                     f"--pwfile={d / 'pw'}", "-E", "UTF8", "--no-sync"], check=True, capture_output=True)
-    subprocess.run([*as_pg, str(bindir / "pg_ctl"), "-D", str(data), "-l", str(d / "log"), "-w", "-t", "60",
-                    "-o", f"-p {port} -k {sock} -c listen_addresses=127.0.0.1 -c fsync=off", "start"],
-                   check=True, capture_output=True)
+    srv.start()
     try:
-        yield f"postgresql://mixzoo:{PASSWORD}@127.0.0.1:{port}/postgres"
+        yield srv
     finally:
-        subprocess.run([*as_pg, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "stop"],
+        subprocess.run([*srv.as_pg, str(bindir / "pg_ctl"), "-D", str(srv.data), "-m", "immediate", "stop"],
                        capture_output=True)
         shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def postgres_url():
+    with postgres_server() as srv:
+        yield srv.url
 
 
 def test_two_workers_on_postgres(tmp_path, postgres_url):
