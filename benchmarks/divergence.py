@@ -86,53 +86,101 @@ def lla_estimator_stats(layer, x: torch.Tensor, n_seq: int = 4) -> dict[str, dic
             "o_over_vbar": quantiles(o.norm(dim=-1) / vbar.norm(dim=-1).clamp_min(1e-30))}
 
 
-def lla_kernel_hunt(layer, x: torch.Tensor, grad_out: torch.Tensor, device, save: Path, chunk: int = 16) -> dict:
-    """LLA's kernel on every captured sequence, ``chunk`` sequences a launch, as trained (bf16 autocast):
-    the (sequence, head) with the largest |dq|, |dk| or |dv|; there, the kernel against the float64
-    estimator row by row. The inputs of that (sequence, head) are saved to ``save`` for replaying the
-    kernel elsewhere. (2026-12-01, H200: at chunk 16 every sequence matched float64 while the training
-    step's full-batch launch gave gradients of 1e18: hunt at both sizes.)"""
-    import torch.nn.functional as F
+def _bh_max(t: torch.Tensor) -> torch.Tensor:
+    """max |t| per (sequence, head) of a (B, H, T, D) tensor, non-finite as inf."""
+    return t.float().abs().nan_to_num(float("inf")).amax((-1, -2))
 
-    from mixzoo.kernels.lla import lla_reference
-    from mixzoo.kernels.lla.triton_lla import lla
-    from mixzoo.models.common import rope, split_heads
-    m = layer.to(device)
-    lam = m.ridge().detach()
-    prec = m.precision(lam)
-    worst = (-1.0, None)
-    for s0 in range(0, len(x), chunk):
-        xb, gb = x[s0:s0 + chunk].to(device), grad_out[s0:s0 + chunk].to(device)
+
+def lla_launch_experiment(layer, x: torch.Tensor, grad_out: torch.Tensor, device, save: Path,
+                          chunk: int = 16) -> dict:
+    """Which launch of LLA's kernel goes wrong on a captured step, and whether it depends on the launch.
+
+    The mixer is run whole on every captured sequence under bf16 autocast (as trained) with the
+    kernel's entry point wrapped so that the exact q, k, v, ridge and output gradient it saw, and the
+    dq, dk, dv it returned, are kept. On those exact inputs the kernel is then rerun: once more at the
+    full launch (determinism), ``chunk`` sequences a launch, the worst sequence alone, and the worst
+    sequence copied into every slot of a full launch; and the float64 estimator on the worst sequence.
+    (2026-12-01, H200: chunks of 16 matched float64 while the training step's launch of 128 sequences
+    gave gradients of 1e18.) The worst sequence's inputs go to ``save``; the whole launch's inputs to
+    ``save`` with suffix .full.pt (for compute-sanitizer; large)."""
+    from mixzoo.kernels.lla import lla_reference, triton_lla
+    m = copy.deepcopy(layer).to(device)
+    rec: dict = {}
+    orig = triton_lla.lla
+
+    def spy(q, k, v, *, ridge, prec=None, **kw):
+        rec.update(q=q.detach().clone(), k=k.detach().clone(), v=v.detach().clone(),
+                   ridge=ridge.detach().clone() if torch.is_tensor(ridge) else ridge, prec=prec, kw=kw)
+        for nm, t in (("dq", q), ("dk", k), ("dv", v)):
+            if t.requires_grad:
+                t.register_hook(lambda gr, nm=nm: rec.__setitem__(nm, gr.detach().clone()))
+        o = orig(q, k, v, ridge=ridge, prec=prec, **kw)
+        o.register_hook(lambda gr: rec.__setitem__("go", gr.detach().clone()))
+        return o
+
+    triton_lla.lla = spy
+    try:
+        xi = x.detach().to(device, torch.float32).clone().requires_grad_(True)
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            qkv = F.linear(xb, m.qkv.weight)
-        q, k, v = (split_heads(t, m.h) for t in qkv.chunk(3, dim=-1))
-        if m.use_rope:
-            q, k = rope(q), rope(k)
-        q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
-        o = lla(q, k, v, ridge=lam[None, :, None].expand(len(xb), -1, x.shape[1]), prec=prec)
-        go = split_heads(gb.to(torch.float32) @ m.out.weight.float(), m.h)      # d loss / d o
-        o.backward(go.to(o.dtype))
-        for name, t in (("dq", q.grad), ("dk", k.grad), ("dv", v.grad)):
-            mx = t.float().abs().nan_to_num(float("inf")).amax((-1, -2))        # (b, H)
-            val, idx = mx.flatten().max(0)
-            if float(val) > worst[0]:
-                b, h = divmod(int(idx), m.h)
-                worst = (float(val), (s0 + b, h, name, q[b, h].detach(), k[b, h].detach(), v[b, h].detach(),
-                                      go[b, h].detach(), q.grad[b, h], k.grad[b, h], v.grad[b, h]))
-    val, (b, h, name, q1, k1, v1, g1, dq, dk, dv) = worst
-    torch.save({"q": q1.cpu(), "k": k1.cpu(), "v": v1.cpu(), "g": g1.cpu(), "ridge": float(lam[h]), "prec": prec,
-                "kernel": {"dq": dq.cpu(), "dk": dk.cpu(), "dv": dv.cpu()}}, save)
-    qq, kk, vv = (t.double().requires_grad_(True) for t in (q1, k1, v1))
-    o64 = lla_reference(qq[None], kk[None], vv[None], ridge=float(lam[h]))[0]
-    o64.backward(g1.double())
-    out = {"sequence": b, "head": h, "largest": name, "value": val, "ridge": float(lam[h]), "prec": prec,
-           "chunk": chunk}
-    for nm, kern, ref in (("dq", dq, qq.grad), ("dk", dk, kk.grad), ("dv", dv, vv.grad)):
-        row_k, row_r = kern.double().norm(dim=-1), ref.norm(dim=-1)
-        err = (kern.double() - ref).norm(dim=-1)
-        top = err.nan_to_num(float("inf")).argsort(descending=True)[:5].tolist()
-        out[nm] = {"rel": float((kern.double() - ref).norm() / ref.norm()), "max_kernel": float(row_k.max()),
-                   "max_ref": float(row_r.max()), "rows": {t: (float(row_k[t]), float(row_r[t])) for t in top}}
+            o = m(xi)
+        (o.float() * grad_out.to(device).float()).sum().backward()
+    finally:
+        triton_lla.lla = orig
+    q, k, v, go, ridge, prec = rec["q"], rec["k"], rec["v"], rec["go"], rec["ridge"], rec["prec"]
+    B = q.shape[0]
+
+    def kernel(sl_q, sl_k, sl_v, sl_g, sl_r):
+        qq, kk, vv = (t.clone().requires_grad_(True) for t in (sl_q, sl_k, sl_v))
+        orig(qq, kk, vv, ridge=sl_r, prec=prec, **rec["kw"]).backward(sl_g)
+        torch.cuda.synchronize()
+        return {"dq": qq.grad, "dk": kk.grad, "dv": vv.grad}
+
+    def rsl(s):
+        return ridge[s] if torch.is_tensor(ridge) and ridge.dim() and ridge.shape[0] == B else ridge
+
+    runs = {"module": {n: rec[n] for n in ("dq", "dk", "dv")},
+            "full_again": kernel(q, k, v, go, ridge)}
+    parts = [kernel(q[s:s + chunk], k[s:s + chunk], v[s:s + chunk], go[s:s + chunk], rsl(slice(s, s + chunk)))
+             for s in range(0, B, chunk)]
+    runs[f"chunks_of_{chunk}"] = {n: torch.cat([p[n] for p in parts]) for n in ("dq", "dk", "dv")}
+    stats = {name: {n: _bh_max(t) for n, t in r.items()} for name, r in runs.items()}
+    worst_val, worst_at = -1.0, (0, 0, "dq")
+    for n, t in stats["module"].items():
+        val, idx = t.flatten().max(0)
+        if float(val) > worst_val:
+            worst_val, worst_at = float(val), (*divmod(int(idx), t.shape[1]), n)
+    b, h, nm = worst_at
+    one = slice(b, b + 1)
+    runs_b = {"alone": kernel(q[one], k[one], v[one], go[one], rsl(one)),
+              "copied_into_full": kernel(*(t[one].expand_as(t).contiguous() for t in (q, k, v, go)), ridge)}
+    lam_h = float(ridge[b, h, 0] if torch.is_tensor(ridge) and ridge.dim() == 3 else
+                  torch.as_tensor(ridge).flatten()[0])
+    qq, kk, vv = (t[b, h].double().requires_grad_(True) for t in (q, k, v))
+    lla_reference(qq[None], kk[None], vv[None], ridge=lam_h)[0].backward(go[b, h].double())
+    ref = {"dq": qq.grad, "dk": kk.grad, "dv": vv.grad}
+    out = {"B": B, "prec": prec, "ridge": lam_h, "worst": {"sequence": b, "head": h, "grad": nm, "value": worst_val},
+           "max": {name: {n: float(t.max()) for n, t in st.items()} for name, st in stats.items()},
+           "worst_seq": {}}
+    for name in stats:
+        top = stats[name][nm].flatten().argsort(descending=True)[:3].tolist()
+        out["max"][name]["top_" + nm] = [(*divmod(i, stats[name][nm].shape[1]), float(stats[name][nm].flatten()[i]))
+                                         for i in top]
+    for name, r in (*((n, {g: t[b] for g, t in rr.items()}) for n, rr in runs.items()),
+                    ("alone", {g: t[0] for g, t in runs_b["alone"].items()}),
+                    ("copied_into_full_slot0", {g: t[0] for g, t in runs_b["copied_into_full"].items()}),
+                    ("copied_into_full_max", {g: t for g, t in runs_b["copied_into_full"].items()})):
+        out["worst_seq"][name] = {g: float(t[h].float().abs().nan_to_num(float("inf")).max()) if t.dim() == 3
+                                  else float(t.float().abs().nan_to_num(float("inf")).max()) for g, t in r.items()}
+    out["worst_seq"]["f64"] = {g: float(t.abs().max()) for g, t in ref.items()}
+    row = runs["module"][nm][b, h].float().abs().nan_to_num(float("inf")).amax(-1)
+    out["worst_rows"] = [(int(t), float(row[t]), float(ref[nm][t].abs().max()))
+                         for t in row.argsort(descending=True)[:5].tolist()]
+    torch.save({"q": q[b].cpu(), "k": k[b].cpu(), "v": v[b].cpu(), "go": go[b].cpu(), "head": h, "ridge": lam_h,
+                "prec": prec, "kw": rec["kw"], "module_grads": {g: t[b].cpu() for g, t in runs["module"].items()}},
+               save)
+    torch.save({"q": q.cpu(), "k": k.cpu(), "v": v.cpu(), "go": go.cpu(),
+                "ridge": ridge.cpu() if torch.is_tensor(ridge) else ridge, "prec": prec, "kw": rec["kw"]},
+               save.with_suffix(".full.pt"))
     return out
 
 
@@ -158,15 +206,11 @@ def analyse(capture_path: Path, case: dict, model_name: str, knobs: dict, device
         r = {"layer": i, "input_finite": bool(torch.isfinite(x).all()), "grad_out_finite": bool(torch.isfinite(g).all())}
         worst = list(range(min(4, len(x))))
         if model_name == "lla":
-            for chunk in (len(x), 16):           # the training step's launch, then small launches
-                key = "kernel_hunt" if chunk == len(x) else "kernel_hunt_small"
-                try:
-                    r[key] = lla_kernel_hunt(mixer, x, g, device, capture_path.parent / f"lla-worst-layer{i}-c{chunk}.pt",
-                                             chunk=chunk)
-                except Exception as e:
-                    r[key + "_error"] = f"{type(e).__name__}: {e}"
-            if "kernel_hunt" in r:
-                worst = [r["kernel_hunt"]["sequence"]]
+            try:
+                r["launch"] = lla_launch_experiment(mixer, x, g, device, capture_path.parent / f"lla-worst-layer{i}.pt")
+                worst = [r["launch"]["worst"]["sequence"]]
+            except Exception as e:
+                r["launch_error"] = f"{type(e).__name__}: {e}"
         try:
             n = min(16, len(x)) if model_name == "lla" else len(x)   # the float64 LLA estimator on 128: OOM
             pick = (worst + [j for j in range(len(x)) if j not in worst])[:n]
@@ -174,8 +218,9 @@ def analyse(capture_path: Path, case: dict, model_name: str, knobs: dict, device
             fast = torch.tensor(rp["fast_dx_max_per_example"])
             if model_name != "lla":
                 worst = fast.nan_to_num(float("inf")).argsort(descending=True)[:4].tolist()
-            r["worst_examples"] = {i: (rp["fast_dx_max_per_example"][i], rp["f64_dx_max_per_example"][i])
-                                   for i in worst}
+            pos = {j: n_ for n_, j in enumerate(pick)}     # sequence -> its place in the replayed batch
+            r["worst_examples"] = {i: (rp["fast_dx_max_per_example"][pos[i]], rp["f64_dx_max_per_example"][pos[i]])
+                                   for i in worst if i in pos}
         except Exception as e:  # the report says what failed rather than stopping the analysis
             r["replay_error"] = f"{type(e).__name__}: {e}"
         if model_name == "lla":
@@ -230,17 +275,18 @@ def main(argv=None) -> int:
                   f"rel {rp.get('out_rel', math.nan):.3g}, "
                   f"dx finite {rp.get('dx_finite')} rel {rp.get('dx_rel', math.nan):.3g}; f64 out finite "
                   f"{rp.get('ref_out_finite')}, dx finite {rp.get('ref_dx_finite')} {r.get('replay_error', '')}")
-            for key in ("kernel_hunt", "kernel_hunt_small"):
-                if key in r:
-                    kh = r[key]
-                    print(tag, f"    kernel hunt, {kh['chunk']} sequences a launch: sequence {kh['sequence']} head "
-                          f"{kh['head']} largest {kh['largest']} {kh['value']:.3g} (ridge {kh['ridge']}, prec {kh['prec']})")
-                    for nm in ("dq", "dk", "dv"):
-                        print(tag, f"      {nm}: rel {kh[nm]['rel']:.3g}, max row norm kernel {kh[nm]['max_kernel']:.3g} "
-                              f"f64 {kh[nm]['max_ref']:.3g}; worst rows (kernel, f64): " +
-                              ", ".join(f"{t}: {a:.3g}/{b:.3g}" for t, (a, b) in kh[nm]["rows"].items()))
-                if key + "_error" in r:
-                    print(tag, f"    {key} failed:", r[key + "_error"])
+            if "launch" in r:
+                la = r["launch"]
+                print(tag, f"    kernel launch experiment (B={la['B']}, ridge {la['ridge']}, prec {la['prec']}): worst "
+                      f"{la['worst']}")
+                for name, mx in la["max"].items():
+                    print(tag, f"      max over the launch, {name}: " + ", ".join(f"{k} {v}" for k, v in mx.items()))
+                for name, mx in la["worst_seq"].items():
+                    print(tag, f"      worst sequence, {name}: " + ", ".join(f"{k} {v:.3g}" for k, v in mx.items()))
+                print(tag, "      worst rows (t, kernel, f64): " +
+                      ", ".join(f"{t}: {a:.3g}/{b:.3g}" for t, a, b in la["worst_rows"]))
+            if "launch_error" in r:
+                print(tag, "    launch experiment failed:", r["launch_error"])
             if "worst_examples" in r:
                 print(tag, "    worst examples (max |dx| fast, f64): " + ", ".join(
                     f"{i}: {a:.3g} / {b:.3g}" for i, (a, b) in r["worst_examples"].items()))

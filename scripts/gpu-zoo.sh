@@ -7,6 +7,9 @@
 #   madbench     mixzoo bench mixers --shape mad (alone: run it as the only part)
 #   gputests     pytest -m gpu on K (files, default tests/gpu), KEXPR selecting as pytest -k
 #   script:F     python3 F (a benchmark script) in the background
+#   optmad       benchmarks/optimizer_mad.py (AdamW vs Muon on MAD; OW workers, OSTEPS steps)
+# gputests' log is logs/gputests$GTN.log; LLACHECK=1 makes div:CASE:lla rerun the captured launch
+# (benchmarks/lla_launch_check.py, then under compute-sanitizer memcheck and initcheck)
 # T: seconds for every part (default 540). Logs, JSON and captures are packed into $OUT/logs.tgz,
 # Triton's autotune results into $OUT/at.tgz (unpacked from .gpu/at*.tgz at the start), built
 # mamba-ssm wheels (under 45 MiB) into $OUT/mw.part-* (cat them | tar x into .gpu/, as .gpu/mamba-whl).
@@ -22,7 +25,7 @@ mkdir -p $TRITON_CACHE_DIR logs
 for f in scripts/h200-triton-autotune.tgz .gpu/at*.tgz; do [ -f $f ] && tar xzf $f -C $TRITON_CACHE_DIR; done
 pack() {
   (cd $TRITON_CACHE_DIR && find . -name '*.autotune.json' | tar czf $OUT/at.tgz -T -)
-  tar czf $OUT/logs.tgz --exclude='nonfinite-*.pt' logs   # captures stay behind; report.json and small inputs come back
+  tar czf $OUT/logs.tgz --exclude='nonfinite-*.pt' --exclude='*.full.pt' logs   # captures stay behind; report.json and small inputs come back
   if ls .gpu/build/wheels/*.whl >/dev/null 2>&1; then  # built wheels, in pieces under the 16 MiB file limit
     n=$(du -m -c .gpu/build/wheels/*.whl | tail -n 1 | cut -f1)
     [ "$n" -le 45 ] && tar cf - -C .gpu/build wheels | split -b 15m - $OUT/mw.part- || echo "wheels: $n MiB, not brought back"
@@ -37,14 +40,29 @@ for part in "$@"; do
     zoo) timeout $T python3 -m mixzoo --results logs/zoo-res check-zoo --workers ${W:-10} --out logs/zoo.json \
            ${ZOO_ARGS} > logs/zoo.log 2>&1 & pids+=($!) ;;
     div:*) IFS=: read -r _ c m <<< "$part"
-           timeout $T python3 benchmarks/divergence.py $c --model $m --out logs/div ${HP:+$(printf -- '--hp %s ' $HP)} \
-             > logs/div-$c-$m.log 2>&1 & pids+=($!) ;;
+           { timeout $T python3 benchmarks/divergence.py $c --model $m --out logs/div ${HP:+$(printf -- '--hp %s ' $HP)} \
+             > logs/div-$c-$m.log 2>&1
+           # LLACHECK=1: rerun the captured full launch with poisoned buffers, then under compute-sanitizer
+           if [ "$m" = lla ] && [ -n "$LLACHECK" ]; then
+             for f in logs/div/$c-lla-s0/lla-worst-layer*.full.pt; do
+               [ -f "$f" ] || continue; b=logs/check-$c-$(basename $f .full.pt)
+               timeout 120 python3 benchmarks/lla_launch_check.py $f --repeat 2 > $b.log 2>&1
+               for tool in memcheck initcheck; do
+                 timeout 150 compute-sanitizer --tool $tool --print-limit 20 python3 benchmarks/lla_launch_check.py $f \
+                   --fill normal > $b-$tool.log 2>&1; echo "rc $?" >> $b-$tool.log
+               done
+             done
+           fi; } &
+           pids+=($!) ;;
     build) (t0=$(date +%s); MAX_JOBS=${JOBS:-6} ONLY=$ONLY timeout $T bash scripts/build-mamba-ssm.sh .gpu .gpu/build \
              > logs/build.log 2>&1; cp .gpu/build/*.txt .gpu/build/*.log logs/ 2>/dev/null; echo "build rc $? in $(( $(date +%s) - t0 )) s" >> logs/build.log) & pids+=($!) ;;
     madbench) timeout $T python3 -m mixzoo bench mixers --shape mad ${MIXERS} --out logs/madbench.json \
              > logs/madbench.log 2>&1 & pids+=($!) ;;
     script:*) f=${part#script:}; timeout $T python3 $f > logs/$(basename $f .py).log 2>&1 & pids+=($!) ;;
-    gputests) timeout $T python3 -m pytest -q -m gpu -rA ${KEXPR:+-k "$KEXPR"} ${K:-tests/gpu} > logs/gputests.log 2>&1 & pids+=($!) ;;
+    gputests) timeout $T python3 -m pytest -q -m gpu -rA --tb=short ${KEXPR:+-k "$KEXPR"} ${K:-tests/gpu} \
+                > logs/gputests${GTN}.log 2>&1 & pids+=($!) ;;
+    optmad) timeout $T python3 benchmarks/optimizer_mad.py --workers ${OW:-10} --steps ${OSTEPS:-1000} \
+              --results logs/optmad-res --out logs/optmad.json > logs/optmad.log 2>&1 & pids+=($!) ;;
     *) echo "unknown part $part"; exit 2 ;;
   esac
 done
