@@ -44,6 +44,8 @@ def cells(steps: int, seeds) -> list[dict]:
         for opt in ("adamw", "muon"):
             for s in seeds:
                 out.append(dict(label=GATED[0], model=GATED[1], knobs=GATED[2], task=task, optimizer=opt, seed=s))
+    # seeds outermost: a run cut by its time limit loses the last seeds, not whole tasks
+    out.sort(key=lambda c: (c["seed"], c["label"] == GATED[0], TASKS.index(c["task"]), c["label"], c["optimizer"]))
     for c in out:
         c["hp"] = dict(optimizer=c["optimizer"], schedule="wsd", decay_frac=0.2, wd_anneal_gamma=2.0, lr=1e-3,
                        weight_decay=0.1, batch_size=128, steps=steps, eval_every=max(1, steps // 4), **c["knobs"])

@@ -34,6 +34,8 @@ pack() {
 trap pack EXIT
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee logs/nvidia-smi.txt
 T=${T:-540}
+END=${END:-$(( $(date +%s) + 575 ))}     # the call's end: parts that come late get what is left
+left() { echo $(( END - $(date +%s) - 15 )); }
 pids=()
 for part in "$@"; do
   case $part in
@@ -44,12 +46,14 @@ for part in "$@"; do
              > logs/div-$c-$m.log 2>&1
            # LLACHECK=1: rerun the captured full launch with poisoned buffers, then under compute-sanitizer
            if [ "$m" = lla ] && [ -n "$LLACHECK" ]; then
-             for f in logs/div/$c-lla-s0/lla-worst-layer*.full.pt; do
-               [ -f "$f" ] || continue; b=logs/check-$c-$(basename $f .full.pt)
-               timeout 120 python3 benchmarks/lla_launch_check.py $f --repeat 2 > $b.log 2>&1
+             for l in ${LLALAYERS:-0}; do
+               f=logs/div/$c-lla-s0/lla-worst-layer$l.full.pt; [ -f "$f" ] || continue
+               b=logs/check-$c-layer$l
+               [ $(left) -gt 20 ] && timeout $(left) python3 benchmarks/lla_launch_check.py $f --repeat 2 > $b.log 2>&1
                for tool in memcheck initcheck; do
-                 timeout 150 compute-sanitizer --tool $tool --print-limit 20 python3 benchmarks/lla_launch_check.py $f \
-                   --fill normal > $b-$tool.log 2>&1; echo "rc $?" >> $b-$tool.log
+                 [ $(left) -gt 30 ] || break
+                 timeout $(left) compute-sanitizer --tool $tool --print-limit 20 python3 benchmarks/lla_launch_check.py \
+                   $f --fill normal > $b-$tool.log 2>&1; echo "rc $?" >> $b-$tool.log
                done
              done
            fi; } &
