@@ -15,7 +15,7 @@
 # mamba-ssm wheels (under 45 MiB) into $OUT/mw.part-* (cat them | tar x into .gpu/, as .gpu/mamba-whl).
 set -o pipefail
 export PYTHONUNBUFFERED=1 TRITON_CACHE_AUTOTUNING=1 TRITON_CACHE_DIR=$PWD/.triton-cache/zoo
-site=/tmp/site
+site=${SITE:-/tmp/site}     # one per concurrent invocation
 [ -d $site/fla ] || python3 -m pip install -q --no-index --no-deps --no-compile --target $site .whl/*.whl
 [ -d .gpu/mamba-whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --target $site .gpu/mamba-whl/*.whl
 export PYTHONPATH=$site:$PWD MIXZOO_SITE=$site
