@@ -121,8 +121,14 @@ def _cg_solve(rhs, q, kbar, lse2, lam, dinv, Kb, offs_m, offs_d, hi, T, sc2, tol
     c = p . k in those parts, a c as hi + lo: five (six) matmuls a key tile. TIGHT (the ν solve at PREC 3): stop
     at ‖r‖ <= tol·min(1, λ/10)·‖r₀‖."""
     DT = q.dtype
+    # The system is linear: solve for rhs / s, s the row's largest |rhs|, and scale x back. Output gradients
+    # of 1e-23 reach the backward's ν solve (rows of the loss that barely depend on the layer); unscaled, r.z,
+    # p.Ap and their ratios fall into fp32's subnormal range, where CG's recurrences lose every digit (the
+    # H200 returned dq, dk of 1e18 from g ~ 1e-23: benchmarks/divergence.py mqar512, step 1047).
+    s = tl.max(tl.abs(rhs), 1)
+    s = tl.where(s > 0, s, 1.0)
     x = tl.zeros(rhs.shape, tl.float32)
-    r = rhs
+    r = rhs / s[:, None]
     if JACOBI:
         z = r * dinv
     else:
@@ -186,7 +192,7 @@ def _cg_solve(rhs, q, kbar, lse2, lam, dinv, Kb, offs_m, offs_d, hi, T, sc2, tol
         rz = tl.where(active, rz_new, rz)
         it += 1
         n_act = tl.sum(active.to(tl.int32), 0)
-    return x, it
+    return x * s[:, None], it
 
 
 @triton.jit

@@ -1,0 +1,99 @@
+"""LLA's Triton kernel on the CPU, in the Triton interpreter with the H200's numerics
+(benchmarks/lla_small_ridge.py: bf16 products with fp32 accumulation, round-to-nearest casts).
+
+The interpreter has to be switched on before triton is imported, so each case runs in a fresh
+process. Cause found on the H200 (benchmarks/divergence.py mqar512, step 1047): output gradients of
+1e-23 reached the backward's ν solve, CG ran in fp32's subnormal range and returned dq, dk of 1e18
+(float64: 6e-7); the training step's gradient norm overflowed. The kernel now solves for the
+right-hand side scaled to unit size and scales back (``_cg_solve``)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+ROOT = Path(__file__).resolve().parents[1]
+
+SCRIPT = r"""
+import json, sys
+sys.path.insert(0, {bench!r}); sys.path.insert(0, {root!r})
+import lla_small_ridge as L            # sets TRITON_INTERPRET=1 before triton is imported
+import torch
+L.emulate_gpu_numerics()
+from mixzoo.kernels.lla import triton_lla
+from mixzoo.kernels.lla.reference import lla_reference
+T, D, lam = 64, 16, {lam}
+g = torch.Generator().manual_seed(0)
+q, k, v, go = (torch.randn(1, 1, T, D, generator=g) for _ in range(4))
+q, k, v = (q * 2).bfloat16(), k.bfloat16(), v.bfloat16()
+out = {{}}
+for scale in (1.0, 1e-23):
+    gs = (go * scale).bfloat16()
+    qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
+    triton_lla.lla(qq, kk, vv, ridge=lam).backward(gs)
+    xd = [t.double().requires_grad_() for t in (q, k, v)]
+    lla_reference(*xd, ridge=lam).backward(gs.double())
+    out[str(scale)] = {{
+        "rel": [L._rel(a.grad, b.grad) for a, b in zip((qq, kk, vv), xd)],
+        "grads": [(a.grad.double() / scale).flatten().tolist() for a in (qq, kk, vv)]}}
+print("RESULT", json.dumps(out))
+"""
+
+
+def _run(lam: float) -> dict:
+    code = SCRIPT.format(bench=str(ROOT / "benchmarks"), root=str(ROOT), lam=lam)
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")][-1]
+    return json.loads(line[len("RESULT "):])
+
+
+@pytest.mark.parametrize("lam", [1.0, 30.0])     # precision levels 2 and 0
+def test_backward_at_tiny_output_gradient(lam):
+    import torch
+    r = _run(lam)
+    for scale, res in r.items():
+        for name, err in zip(("dq", "dk", "dv"), res["rel"]):
+            assert err < 2e-2, (lam, scale, name, err)          # the GPU tests' tolerance; was 0.48 / 1.12
+    # the backward is linear in the output gradient: scaled by 1e-23, the same numbers scaled
+    for name, a, b in zip(("dq", "dk", "dv"), r["1.0"]["grads"], r["1e-23"]["grads"]):
+        a, b = torch.tensor(a), torch.tensor(b)
+        assert float((a - b).norm() / a.norm()) < 1e-2, name
+
+
+CAPTURED = r"""
+import json, sys
+sys.path.insert(0, {bench!r}); sys.path.insert(0, {root!r})
+import lla_small_ridge as L
+import torch
+L.emulate_gpu_numerics()
+from mixzoo.kernels.lla import triton_lla
+from mixzoo.kernels.lla.reference import lla_reference
+d = torch.load({path!r}, weights_only=False)
+q, k, v, go = (d[n][None, None] for n in ("q", "k", "v", "go"))
+qq, kk, vv = (t.clone().requires_grad_(True) for t in (q, k, v))
+triton_lla.lla(qq, kk, vv, ridge=d["ridge"], prec=d["prec"]).backward(go)
+xd = [t.double().requires_grad_() for t in (q, k, v)]
+lla_reference(*xd, ridge=d["ridge"]).backward(go.double())
+print("RESULT", json.dumps({{"rel": [L._rel(a.grad, b.grad) for a, b in zip((qq, kk, vv), xd)],
+                            "max": [float(a.grad.float().abs().max()) for a in (qq, kk, vv)]}}))
+"""
+
+
+def test_captured_divergent_step():
+    """The (sequence, head) of the H200 step whose gradients were 1e18 (T = 512, D = 64, λ = 1; most
+    output-gradient rows between 1e-23 and 1e-14). Before the fix the interpreter gave dq 5e18, dk 3e18
+    here, as the H200 did; float64 gives 6e-7."""
+    code = CAPTURED.format(bench=str(ROOT / "benchmarks"), root=str(ROOT),
+                           path=str(ROOT / "tests" / "data" / "lla-mqar512-step1047.pt"))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads([x for x in p.stdout.splitlines() if x.startswith("RESULT ")][-1][len("RESULT "):])
+    assert max(r["max"]) < 1e-5, r
+    for name, err in zip(("dq", "dk", "dv"), r["rel"]):
+        assert err < 2e-2, (name, err, r)
