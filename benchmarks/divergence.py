@@ -8,6 +8,7 @@ amplification η = (k̄ - q)ᵀ(Σ_KK + λI)⁻¹(k̄ - q), the L1 norm of the e
 
 Cases (the configurations of the GPU reports; ``--hp`` overrides any key):
   mqar512   mqar V=8192 L=512 kv=32, zoology recipe, d_model 128, 2 heads, batch 128, lr 3e-3, 4000 steps
+  mqar512d64  the same at d_model 64
   state48   state-tracking N=48, d_model 128, 2 layers, batch 128, lr 1e-3, 10000 steps
   selcopy   mad-selective-copy, mad recipe, lr 1e-3, 4000 steps (mamba's NaN)
 Prints one summary; writes the capture and a JSON report under --out.
@@ -33,6 +34,8 @@ from mixzoo.train.capture import NonFiniteCapture, replay_mixer
 CASES = {
     "mqar512": dict(task="mqar", knobs=dict(V=8192, L=512, kv=32), recipe="zoology",
                     hp=dict(d_model=128, num_heads=2, batch_size=128, lr=3e-3, steps=4000, eval_every=250)),
+    "mqar512d64": dict(task="mqar", knobs=dict(V=8192, L=512, kv=32), recipe="zoology",
+                       hp=dict(d_model=64, num_heads=2, batch_size=128, lr=3e-3, steps=4000, eval_every=250)),
     "state48": dict(task="state-tracking", knobs=dict(N=48), recipe="zoology",
                     hp=dict(d_model=128, num_heads=2, n_layers=2, batch_size=128, lr=1e-3, steps=10000,
                             eval_every=500)),
@@ -235,6 +238,8 @@ def main(argv=None) -> int:
     p.add_argument("case", choices=sorted(CASES))
     p.add_argument("--model", default="lla")
     p.add_argument("--steps", type=int)
+    p.add_argument("--stop-at", type=int, help="stop training at this step, the schedule still that of --steps "
+                   "(the trajectory of the full run, cut short)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--hp", action="append", metavar="K=V", help="override a hyperparameter or mechanism knob")
     p.add_argument("--out", default="divergence-out")
@@ -248,9 +253,18 @@ def main(argv=None) -> int:
     tcfg, mcfg, mix = split_hparams(case["hp"], case["recipe"])
     out_dir = Path(a.out) / f"{a.case}-{a.model}-s{a.seed}"
     cap = NonFiniteCapture(out_dir, meta={"case": a.case, "model": a.model, "seed": a.seed, **case})
+    callbacks = [cap]
+    if a.stop_at:
+        import lightning.pytorch as pl
+
+        class StopAt(pl.Callback):
+            def on_train_batch_end(self, trainer, *args):
+                if trainer.global_step >= a.stop_at:
+                    trainer.should_stop = True
+        callbacks.append(StopAt())
     t0 = time.time()
     tag = f"[{a.case} {a.model} seed {a.seed}]"
-    res = train(task, a.model, mix, mcfg, tcfg, seed=a.seed, device=str(dev), callbacks=[cap],
+    res = train(task, a.model, mix, mcfg, tcfg, seed=a.seed, device=str(dev), callbacks=callbacks,
                 log=lambda s: print(tag, s, flush=True))
     report = {"case": a.case, "model": a.model, "seed": a.seed, "hp": case["hp"], "state": res.state,
               "reason": res.reason, "steps": res.steps, "backend": res.backend, "test": res.test,

@@ -2,7 +2,9 @@
 # The GPU runs behind the zoo-matrix work (run from the repository root on the lent GPU machine,
 # with .whl/ and .gpu/ carried and $OUT set). Parts, any number, run at once in the background:
 #   zoo          mixzoo check-zoo over the whole matrix (W workers, default 10)
-#   div:CASE:M   benchmarks/divergence.py CASE --model M (CASE: mqar512 state48 selcopy; HP="k=v ..." extra)
+#   div:CASE:M[:S] benchmarks/divergence.py CASE --model M [--stop-at S] (CASE: mqar512 mqar512d64 state48
+#                selcopy; HP="k=v ..." extra)
+#   zoo2         a second check-zoo (ZOO2_ARGS, W2 workers) into the same results
 #   build        scripts/build-mamba-ssm.sh from .gpu/*.tar.gz (wheels to .gpu/build, then installed)
 #   madbench     mixzoo bench mixers --shape mad (alone: run it as the only part)
 #   gputests     pytest -m gpu on K (files, default tests/gpu), KEXPR selecting as pytest -k
@@ -41,8 +43,11 @@ for part in "$@"; do
   case $part in
     zoo) timeout $T python3 -m mixzoo --results logs/zoo-res check-zoo --workers ${W:-10} --out logs/zoo.json \
            ${ZOO_ARGS} > logs/zoo.log 2>&1 & pids+=($!) ;;
-    div:*) IFS=: read -r _ c m <<< "$part"
-           { timeout $T python3 benchmarks/divergence.py $c --model $m --out logs/div ${HP:+$(printf -- '--hp %s ' $HP)} \
+    zoo2) timeout $T python3 -m mixzoo --results logs/zoo-res check-zoo --workers ${W2:-2} --out logs/zoo2.json \
+           ${ZOO2_ARGS} > logs/zoo2.log 2>&1 & pids+=($!) ;;
+    div:*) IFS=: read -r _ c m stop <<< "$part"         # div:CASE:MODEL[:STOP_AT]
+           { timeout $T python3 benchmarks/divergence.py $c --model $m --out logs/div ${stop:+--stop-at $stop} \
+               ${HP:+$(printf -- '--hp %s ' $HP)} \
              > logs/div-$c-$m.log 2>&1
            # LLACHECK=1: rerun the captured full launch with poisoned buffers, then under compute-sanitizer
            if [ "$m" = lla ] && [ -n "$LLACHECK" ]; then
