@@ -2,7 +2,8 @@
 float64: output and every parameter gradient, norm-relative errors. Tells which bf16 path carries an error
 that ``check-mixer``'s fast-vs-ref (bf16 against bf16) reports.
 
-    python benchmarks/fast_vs_f64.py [NAME:HEADS ...]     (default gdn:16 gdn:2 mamba:16 gla:16 parallax:16)
+    python benchmarks/fast_vs_f64.py [NAME:HEADS[:D_MODEL] ...]     (default gdn:16 gdn:2 mamba:16 gla:16 parallax:16;
+                                                                   D_MODEL 128)
 """
 from __future__ import annotations
 
@@ -44,15 +45,16 @@ def errors(name: str, heads: int, d_model: int = 128, batch: int = 2, seq_len: i
 def main(argv=None) -> int:
     todo = (argv if argv is not None else sys.argv[1:]) or ["gdn:16", "gdn:2", "mamba:16", "gla:16", "parallax:16"]
     for item in todo:
-        name, heads = item.split(":")
+        name, heads, *dm = item.split(":")
         try:
-            res = errors(name, int(heads))
+            res = errors(name, int(heads), d_model=int(dm[0]) if dm else 128)
         except Exception as e:
             print(f"{name} {heads} heads: {type(e).__name__}: {e}", flush=True)
             continue
         for tag, e in res.items():
             worst = max((k for k in e if k != "output"), key=e.get, default="output")
-            print(f"{name:<9} {heads:>2} heads {tag:<32} vs f64: output {e['output']:.2e}, worst grad {worst} "
+            width = (int(dm[0]) if dm else 128) // int(heads)
+            print(f"{name:<9} {heads:>2} heads of {width:>3} {tag:<32} vs f64: output {e['output']:.2e}, worst grad {worst} "
                   f"{e[worst]:.2e}; " + ", ".join(f"{k} {v:.1e}" for k, v in e.items() if k != "output"), flush=True)
     return 0
 
