@@ -73,12 +73,15 @@ def configure(name: str, p) -> None:
     p.add_argument("--lrs", default="1e-3,3e-3", help="learning rates (default 1e-3,3e-3)")
     p.add_argument("--steps", type=int, default=300, help="training steps per cell (default 300)")
     p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--optimizer", default="adamw", choices=("adamw", "muon"),
+                   help="the optimizer of every cell (default adamw; muon: torch.optim.Muon on hidden matrices)")
     p.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
     p.add_argument("--out", help="write the cells as JSON here")
     p.add_argument("--list", action="store_true", help="list the cells and exit")
 
 
-def build_cells(models: str | None, settings: str | None, lrs: str, steps: int, batch: int) -> list[Cell]:
+def build_cells(models: str | None, settings: str | None, lrs: str, steps: int, batch: int,
+                optimizer: str = "adamw") -> list[Cell]:
     mech = {m[0]: m for m in MECHANISMS}
     chosen = [s.strip() for s in models.split(",")] if models else list(mech)
     for m in chosen:
@@ -105,7 +108,7 @@ def build_cells(models: str | None, settings: str | None, lrs: str, steps: int, 
         for slabel, task, tknobs, recipe, mkeys in sets:
             for lr in lr_values:
                 hp = dict(mkeys, steps=steps, batch_size=batch, lr=lr, eval_every=evals,
-                          n_train=steps * batch, n_val=256, n_test=512, warmup_frac=0.1)
+                          n_train=steps * batch, n_val=256, n_test=512, warmup_frac=0.1, optimizer=optimizer)
                 cells.append(Cell(label, model, dict(knobs), slabel, task, dict(tknobs), recipe, hp, lr))
     return cells
 
@@ -232,7 +235,8 @@ def line(c: Cell) -> str:
 
 
 def main(args) -> int:
-    cells = build_cells(args.models, args.settings, args.lrs, args.steps, args.batch_size)
+    cells = build_cells(args.models, args.settings, args.lrs, args.steps, args.batch_size,
+                        getattr(args, "optimizer", "adamw"))
     if args.list:
         for c in cells:
             print(f"{c.mechanism:<10} {c.setting:<30} lr {c.lr:g}")

@@ -122,3 +122,15 @@ def test_shards_keep_mechanisms_together_unless_workers_outnumber_them():
     assert len(six) == 6 and all(len({c.mechanism for c in sh}) == 1 for sh in six)
     assert sorted(zoo._key(c) for sh in six for c in sh) == sorted(zoo._key(c) for c in cells)
     assert max(map(len, six)) - min(map(len, six)) <= 1
+
+
+def test_optimizer_reaches_every_cell_and_the_row(tmp_path):
+    """check-zoo --optimizer muon: each cell trains with Muon and its row says so."""
+    import pyarrow.dataset as ds
+    cells = zoo.build_cells("softmax,gdn", None, "1e-3", 4, 4, optimizer="muon")
+    assert {c.hp["optimizer"] for c in cells} == {"muon"}
+    got = zoo.run_cell(zoo.build_cells("softmax", "state-tracking", "1e-3", 4, 4, optimizer="muon")[0],
+                       str(tmp_path), "cpu")
+    assert got.state == "COMPLETE", got.reason
+    rows = ds.dataset(tmp_path / "leaderboard", format="parquet", partitioning="hive").to_table().to_pylist()
+    assert [r["optimizer"] for r in rows] == ["muon"]
