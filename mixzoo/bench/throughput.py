@@ -1,6 +1,9 @@
-"""``mixzoo bench throughput``: the harness against a plain PyTorch loop, side by side.
+"""``mixzoo bench throughput``: training throughput, side by side.
 
-One run measures, on the same model and the same device-resident data:
+With ``--shape`` (mechanism names after it) or ``--project``: the step modes of issue 18 (eager,
+graphed, stacked, packed processes and their combinations) per mechanism and shape, and the MAD
+protocol projected from them; see "step modes, side by side" below. Without: the harness against a
+plain PyTorch loop, as follows. One run measures, on the same model and the same device-resident data:
   * a plain loop (AdamW, warmup-cosine, bf16 autocast on GPU, grad clipping, the vocabulary
     head at every position) and mixzoo's trainer (which applies the head at supervised
     positions only), each eager and compiled, plus the trainer with the full head, eager (the
@@ -162,7 +165,8 @@ def mad_projection(rate_baseline: float, trials: int = 6, seeds: int = 3, steps:
     return runs * steps * mean_len_factor / rate_baseline / 3600
 
 
-def main(args) -> int:
+def harness_main(args) -> int:
+    """The harness against a plain loop (the original ``bench throughput``)."""
     import torch
     gpu = torch.cuda.is_available() and args.device != "cpu"
     device = "cuda" if gpu else "cpu"
@@ -228,6 +232,378 @@ def main(args) -> int:
     return 0
 
 
+# ------------------------------------------------------------------ step modes, side by side
+#
+# ``mixzoo bench throughput --shape mad,mqar512 [NAMES]``: for each mechanism and shape, the
+# aggregate training rate (steps of one model, summed over every model trained at once) of
+#   * one process, eager (the Lightning trainer: the baseline of every ratio),
+#   * one process, ``step_mode=graphed`` (the step as one CUDA graph),
+#   * one process, ``stacked`` / ``stacked+graphed`` K models as one batched model (K in --K),
+#   * P processes on the device at once (P in --procs), each running one of the --pack cells
+#     (a step mode, with K for the stacked ones): packing, alone and combined with the others,
+# with the peak memory of each (torch's peak allocation on a GPU, summed over the processes of a
+# packed cell; the CUDA contexts are not counted; on a CPU the process's peak RSS, which says
+# little). Rates are read between the validation after --warmup steps and the last one (warm-up,
+# autotuning and graph capture excluded; validation time excluded). A packed cell's processes
+# warm up first, wait at a common barrier, and report their own rates; the aggregate is their sum,
+# with the overlap of their timed windows (1.0: fully concurrent). The JSON (``--out``) is
+# rewritten after every cell, so a run cut short keeps what it measured; ``--budget-s`` stops
+# starting cells after that many seconds. ``--project FILE``: the MAD-protocol projection from such
+# a JSON (``project_mad``), without measuring.
+
+MODE_SHAPES = {
+    # a CPU smoke shape: seconds for the whole matrix
+    "tiny": dict(task="mqar", knobs=dict(V=32, L=16, kv=2), recipe="zoology", model=dict(d_model=16, num_heads=2),
+                 batch_size=4, n_train=64),
+    # MAD's baseline: mad-recall (V 16, L 128), the mad recipe (width 128 in 16 heads, 2 blocks of mixer +
+    # SwiGLU, RMSNorm, untied head), batch 128
+    "mad": dict(task="mad-recall", knobs={}, recipe="mad", model={}, batch_size=128, n_train=2048),
+    # the MQAR paper's longest setting: V 8192, L 512, 64 pairs, zoology recipe at width 128, batch 128
+    "mqar512": dict(task="mqar", knobs=dict(V=8192, L=512, kv=64, filler="zero"), recipe="zoology",
+                    model=dict(d_model=128, num_heads=2), batch_size=128, n_train=2048),
+}
+STEP_MODES = ("eager", "graphed", "stacked", "stacked+graphed")
+
+
+def parse_cell(text: str) -> tuple[str, int]:
+    """``MODE[:K]`` -> (mode, K); K defaults to 1 (eager, graphed) or 4 (stacked modes)."""
+    from ..errors import UsageError
+    mode, _, k = text.partition(":")
+    if mode not in STEP_MODES:
+        raise UsageError(f"bench throughput: step mode {mode!r}; allowed: {', '.join(STEP_MODES)}")
+    try:
+        K = int(k) if k else (4 if mode.startswith("stacked") else 1)
+    except ValueError:
+        raise UsageError(f"bench throughput: {text!r}: K must be an integer") from None
+    if K < 1 or (K > 1 and not mode.startswith("stacked")):
+        raise UsageError(f"bench throughput: {text!r}: K > 1 needs a stacked mode")
+    return mode, K
+
+
+def cells_of(modes: list[str], Ks: list[int], procs: list[int], pack: list[str]) -> list[tuple[str, int, int]]:
+    """(mode, K, P) cells: eager first (the baseline), then each mode (stacked ones at every K), then
+    each --pack cell at every P."""
+    out = [("eager", 1, 1)]
+    for m in modes:
+        for K in (Ks if m.startswith("stacked") else [1]):
+            if (m, K, 1) not in out:
+                out.append((m, K, 1))
+    for P in procs:
+        for c in pack:
+            m, K = parse_cell(c)
+            out.append((m, K, P))
+    return out
+
+
+def cell_label(mode: str, K: int, P: int) -> str:
+    return mode + (f" K={K}" if mode.startswith("stacked") else "") + (f" x {P} procs" if P > 1 else "")
+
+
+def _mode_setup(shape: str, device: str, seed: int = 0):
+    """Task, model config and one set of device-resident splits for a MODE_SHAPES shape."""
+    from ..models import RECIPES, ModelConfig
+    from ..registry import get_task, load_builtins
+    from ..train.loop import resolve_device
+    load_builtins()
+    s = MODE_SHAPES[shape]
+    dev = resolve_device(device)
+    task = get_task(s["task"])(**s["knobs"])
+    mcfg = ModelConfig(**{**RECIPES[s["recipe"]], **s["model"]})
+    data = {"train": task.generate("train", s["n_train"], seed, dev),
+            "val": task.generate("val", s["batch_size"], seed, dev),
+            "test": task.generate("test", s["batch_size"], seed, dev)}
+    return task, mcfg, data
+
+
+def _dims(shape: str) -> tuple[int, int, int]:
+    """(batch, length, width) of a MODE_SHAPES shape."""
+    from ..models import RECIPES, ModelConfig
+    from ..registry import get_task, load_builtins
+    load_builtins()
+    s = MODE_SHAPES[shape]
+    mcfg = ModelConfig(**{**RECIPES[s["recipe"]], **s["model"]})
+    return s["batch_size"], get_task(s["task"])(**s["knobs"]).seq_len, mcfg.d_model
+
+
+def _window(history: list[dict], warmup: int) -> tuple[float, float, float]:
+    """(steps/s, train time at the first and the last validation) between the validation after
+    ``warmup`` steps and the last."""
+    first = next(h for h in history if h["step"] >= warmup)
+    last = history[-1]
+    dt = last["train_time_s"] - first["train_time_s"]
+    return (last["step"] - first["step"]) / dt if dt > 0 else float("nan"), first["train_time_s"], last["train_time_s"]
+
+
+def run_cell(shape: str, mixer: str, mode: str, K: int, device: str, steps: int, warmup: int,
+             setup=None, on_first_eval=None) -> dict:
+    """One process's cell: ``mode`` with K models; its model-steps/s (K x the run's steps/s)."""
+    from ..train import TrainConfig, train
+    from ..train.stacked import train_stacked
+    task, mcfg, data = setup or _mode_setup(shape, device)
+    s = MODE_SHAPES[shape]
+    total = warmup * (1 + -(-steps // warmup))            # evaluations at warmup, 2 warmup, ...
+    cfg = TrainConfig(steps=total, batch_size=s["batch_size"], lr=1e-3, eval_every=warmup,
+                      eval_batch_size=s["batch_size"], step_mode=mode)
+    stamps: list[tuple[int, float]] = []
+
+    def hook(step, val):
+        stamps.append((step, time.time()))
+    if mode.startswith("stacked"):
+        res = train_stacked(task, mixer, {}, mcfg, [cfg] * K, list(range(K)), device=device, data=data,
+                            on_eval=[hook] + [None] * (K - 1))[0]
+    else:
+        res = train(task, mixer, {}, mcfg, cfg, seed=0, device=device, data=data, on_eval=hook)
+    row = dict(shape=shape, mixer=mixer, mode=mode, K=K, P=1, backend=res.backend, state=res.state,
+               ran=getattr(res, "step_mode", mode), note=getattr(res, "step_mode_reason", "") or res.reason,
+               peak_mem_bytes=res.peak_mem_bytes, steps=res.steps)
+    if res.state != "COMPLETE" or not res.history:
+        return {**row, "model_steps_per_s": float("nan")}
+    rate, _, _ = _window(res.history, warmup)
+    first = next((t for st, t in stamps if st >= warmup), None)
+    return {**row, "model_steps_per_s": K * rate, "t_first": first, "t_last": stamps[-1][1] if stamps else None}
+
+
+def _mode_worker(spec_json: str) -> None:
+    """A packed cell's process: warm up, wait at the barrier, run the cell, write its row."""
+    spec = json.loads(spec_json)
+    setup = _mode_setup(spec["shape"], spec["device"])
+    # a first, short run compiles/autotunes every kernel of this mode before the common start
+    run_cell(spec["shape"], spec["mixer"], spec["mode"], spec["K"], spec["device"], spec["warmup"], spec["warmup"], setup)
+    Path(spec["ready"]).write_text("1")
+    t_end = time.time() + spec["wait_s"]
+    while not Path(spec["go"]).exists():
+        if time.time() > t_end:
+            raise SystemExit("packing worker: no start signal")
+        time.sleep(0.005)
+    row = run_cell(spec["shape"], spec["mixer"], spec["mode"], spec["K"], spec["device"], spec["steps"],
+                   spec["warmup"], setup)
+    from ..leaderboard.export import write_atomic
+    write_atomic(spec["out"], json.dumps(row))
+
+
+def packed_cell(shape: str, mixer: str, mode: str, K: int, P: int, device: str, steps: int, warmup: int,
+                wait_s: float = 900.0) -> dict:
+    """P processes running one cell at once; the aggregate of their model-steps/s."""
+    row = dict(shape=shape, mixer=mixer, mode=mode, K=K, P=P)
+    with tempfile.TemporaryDirectory() as d:
+        go = os.path.join(d, "go")
+        specs = [dict(shape=shape, mixer=mixer, mode=mode, K=K, device=device, steps=steps, warmup=warmup,
+                      ready=os.path.join(d, f"r{i}"), go=go, out=os.path.join(d, f"w{i}.json"), wait_s=wait_s)
+                 for i in range(P)]
+        # on a CPU, one thread a process: P processes of several OpenMP threads each thrash
+        env = {**os.environ, **({"OMP_NUM_THREADS": "1"} if device == "cpu" else {})}
+        ps = [subprocess.Popen([sys.executable, "-m", "mixzoo.bench.throughput", "--mode-worker", json.dumps(sp)],
+                               env=env) for sp in specs]
+        t_end = time.time() + wait_s
+        try:
+            while not all(Path(sp["ready"]).exists() for sp in specs):
+                if any(p.poll() not in (None, 0) for p in ps) or time.time() > t_end:
+                    raise RuntimeError("a packing worker failed before the start")
+                time.sleep(0.01)
+            Path(go).write_text("1")
+            for p in ps:
+                if p.wait() != 0:
+                    raise RuntimeError(f"a packing worker failed with code {p.returncode}")
+        finally:
+            for p in ps:
+                if p.poll() is None:
+                    p.kill()
+        rs = [json.loads(Path(sp["out"]).read_text()) for sp in specs]
+    firsts = [r.get("t_first") for r in rs]
+    lasts = [r.get("t_last") for r in rs]
+    overlap = float("nan")
+    if all(firsts) and all(lasts):
+        span = sum(b - a for a, b in zip(firsts, lasts)) / P
+        overlap = max(0.0, min(lasts) - max(firsts)) / span if span > 0 else float("nan")
+    notes = sorted({r["note"] for r in rs if r.get("note")})
+    return {**row, "backend": rs[0]["backend"], "state": "COMPLETE" if all(r["state"] == "COMPLETE" for r in rs)
+            else "FAIL", "ran": rs[0]["ran"], "note": "; ".join(notes),
+            "model_steps_per_s": sum(r["model_steps_per_s"] for r in rs),
+            "peak_mem_bytes": sum(int(r["peak_mem_bytes"] or 0) for r in rs), "overlap": overlap}
+
+
+def modes_table(rows: list[dict]) -> str:
+    """The side-by-side Markdown table: one row per (shape, mechanism, cell)."""
+    base = {(r["shape"], r["mixer"]): r["model_steps_per_s"] for r in rows
+            if r["mode"] == "eager" and r["K"] == 1 and r["P"] == 1}
+    out = ["| shape | mechanism (backend) | mode | K | procs | model-steps/s | x single eager | peak MiB | note |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        b = base.get((r["shape"], r["mixer"]), float("nan"))
+        rate = r.get("model_steps_per_s", float("nan"))
+        note = r.get("note") or ""
+        if r.get("ran") and r["ran"] != r["mode"]:
+            note = f"ran {r['ran']}: {note}"
+        if r.get("overlap") is not None and r["P"] > 1:
+            note = (note + "; " if note else "") + f"overlap {r['overlap']:.2f}"
+        mem = r.get("peak_mem_bytes")
+        out.append(f"| {r['shape']} | {r['mixer']} ({r.get('backend', '')}) | {r['mode']} | {r['K']} | {r['P']} | "
+                   f"{rate:.1f} | {rate / b:.2f}x | {(mem or 0) / 2**20:.0f} | {note[:120]} |")
+    return "\n".join(out)
+
+
+# -- the MAD protocol, projected --------------------------------------------------------------
+
+def mad_protocol(variant: str = "readme", trials: int = 6, seeds: int = 3, steps: int = 20_000,
+                 len_factor: float = 2.3) -> float:
+    """The MAD protocol's work in baseline-step equivalents (steps of one model at MAD's baseline
+    length 128, step time taken as linear in length).
+
+    ``readme``: the README's projection, 66 settings x (trials + seeds) x ``steps``, at a mean length
+    ``len_factor`` x the baseline's. ``settings``: each of mixzoo's 66 settings
+    (``mixzoo.tasks.mad.MAD_SETTINGS``) at its own length, 200 epochs of its training set at batch 128
+    (MAD's 20k steps at 12,800 examples), capped at ``steps``."""
+    from ..errors import UsageError
+    runs = trials + seeds
+    if variant == "readme":
+        return MAD_SETTINGS * runs * steps * len_factor
+    if variant != "settings":
+        raise UsageError(f"MAD projection: variant {variant!r}; allowed: readme, settings")
+    from ..tasks import mad
+    total = 0.0
+    for settings in mad.MAD_SETTINGS.values():
+        for st in settings:
+            total += runs * min(steps, 200 * math.ceil(st["n_train"] / 128)) * st["L"] / 128
+    return total
+
+
+def project_mad(rates: dict | str | Path, shape: str = "mad", variant: str = "readme", **kw) -> dict:
+    """Device-hours of the MAD protocol per mechanism and cell, from a ``bench throughput`` JSON
+    (its rows at ``shape``): work / model-steps per second. Also, per cell, the eight (or however
+    many) mechanisms together, and each mechanism at its fastest cell."""
+    if not isinstance(rates, dict):
+        rates = json.loads(Path(rates).read_text())
+    work = mad_protocol(variant, **kw)
+    table: dict[str, dict[str, float]] = {}
+    for r in rates["rows"]:
+        rate = r.get("model_steps_per_s")
+        if r.get("shape") != shape or r.get("state") != "COMPLETE" or not rate or not math.isfinite(rate):
+            continue
+        if r.get("ran", r["mode"]) != r["mode"]:          # a fallback measured another mode than its label
+            continue
+        table.setdefault(r["mixer"], {})[cell_label(r["mode"], r["K"], r["P"])] = work / rate / 3600
+    cells = list(dict.fromkeys(c for t in table.values() for c in t))
+    best = {m: min(t.values()) for m, t in table.items()}
+    best_cell = {m: min(t, key=t.get) for m, t in table.items()}
+    total = {c: sum(t[c] for t in table.values()) if all(c in t for t in table.values()) else float("nan")
+             for c in cells}
+    return dict(variant=variant, work_baseline_steps=work, shape=shape, cells=cells, hours=table, best=best,
+                best_cell=best_cell, total=total, total_best=sum(best.values()), device=rates.get("device"))
+
+
+def projection_table(p: dict) -> str:
+    cells = p["cells"]
+    if not cells:
+        return f"MAD protocol: no completed measurement at shape {p['shape']!r} to project from"
+    out = [f"MAD protocol ({p['variant']}: {p['work_baseline_steps']:.3g} baseline-step equivalents per mechanism), "
+           f"device-hours from the rates at shape {p['shape']!r}" + (f" on {p['device']}" if p.get("device") else ""),
+           "", "| mechanism | " + " | ".join(cells) + " | fastest |", "|---" * (len(cells) + 2) + "|"]
+    fmt = lambda v: "—" if v is None or not math.isfinite(v) else f"{v:.1f}"     # noqa: E731
+    for m, t in p["hours"].items():
+        out.append(f"| {m} | " + " | ".join(fmt(t.get(c)) for c in cells) + f" | {fmt(p['best'][m])} ({p['best_cell'][m]}) |")
+    out.append("| all | " + " | ".join(fmt(p["total"][c]) for c in cells) + f" | {fmt(p['total_best'])} |")
+    return "\n".join(out)
+
+
+def modes_main(args) -> int:
+    import torch
+
+    from ..errors import UsageError
+    if getattr(args, "project", None):
+        p = project_mad(args.project, variant=args.protocol)
+        text = projection_table(p)
+        print(text)
+        if args.md:
+            from ..leaderboard.export import write_atomic
+            write_atomic(args.md, text + "\n")
+        return 0
+    shapes = [s for s in (args.shape or "mad,mqar512").split(",") if s]
+    for s in shapes:
+        if s not in MODE_SHAPES:
+            raise UsageError(f"bench throughput: shape {s!r}; allowed: {', '.join(MODE_SHAPES)}")
+    ints = lambda text, what: [int(x) for x in text.split(",") if x] if text else []    # noqa: E731
+    try:
+        Ks, procs = ints(args.K, "K"), ints(args.procs, "procs")
+    except ValueError:
+        raise UsageError("bench throughput: --K and --procs take integers, e.g. 4,8,16") from None
+    modes = [m for m in args.modes.split(",") if m]
+    for m in modes:
+        if m not in STEP_MODES:
+            raise UsageError(f"bench throughput: step mode {m!r}; allowed: {', '.join(STEP_MODES)}")
+    pack = [c for c in args.pack.split(",") if c]
+    for c in pack:
+        parse_cell(c)
+    mixers = list(args.names) or os.environ.get("MIXZOO_BENCH_MIXERS", "softmax,gdn").split(",")
+    from ..registry import get_mixer, load_builtins
+    load_builtins()
+    for m in mixers:
+        get_mixer(m)
+    gpu = torch.cuda.is_available() and args.device != "cpu"
+    device = "cuda" if gpu else "cpu"
+    dev_name = torch.cuda.get_device_name(0) if gpu else "cpu"
+    steps, warmup = args.steps, args.warmup
+    cells = cells_of(modes, Ks, procs, pack)
+    print(f"device: {dev_name}  torch {torch.__version__}  {len(shapes)} shapes x {len(mixers)} mechanisms x "
+          f"{len(cells)} cells, {steps} timed steps after {warmup}", flush=True)
+    t_start, rows = time.time(), []
+    out = {"device": dev_name, "torch": torch.__version__, "steps": steps, "warmup": warmup, "rows": rows}
+
+    def save():            # after every cell: a run cut short keeps what it measured
+        from ..leaderboard.export import write_atomic
+        if args.out:
+            write_atomic(args.out, json.dumps(out, indent=1))
+        if args.md:
+            write_atomic(args.md, modes_table(rows) + "\n")
+    from ..train.packing import procs_per_gpu
+    out["packing_policy"] = {}
+    for shape in shapes:
+        out["packing_policy"][shape] = procs_per_gpu(*_dims(shape))
+        print(f"  {shape}: train/packing.py packs {out['packing_policy'][shape]} processes per GPU at this shape",
+              flush=True)
+        setup = None                          # the shape's data, shared by its in-process cells
+        for mixer in mixers:
+            for mode, K, P in cells:
+                label = f"  {shape:<8} {mixer:<9} {cell_label(mode, K, P):<30}"
+                if args.budget_s and time.time() - t_start > args.budget_s:
+                    rows.append(dict(shape=shape, mixer=mixer, mode=mode, K=K, P=P, state="SKIPPED",
+                                     note="time budget spent", model_steps_per_s=float("nan")))
+                    continue
+                try:
+                    if P == 1:
+                        setup = setup or _mode_setup(shape, device)
+                        r = run_cell(shape, mixer, mode, K, device, steps, warmup, setup)
+                    else:
+                        r = packed_cell(shape, mixer, mode, K, P, device, steps, warmup)
+                except Exception as e:        # one cell failing must not lose the others
+                    r = dict(shape=shape, mixer=mixer, mode=mode, K=K, P=P, state="FAIL",
+                             note=f"{type(e).__name__}: {e}"[:300], model_steps_per_s=float("nan"))
+                rows.append(r)
+                print(f"{label} {r['model_steps_per_s']:9.1f} model-steps/s  {r['state']}"
+                      f"{'  ran ' + r['ran'] if r.get('ran') and r['ran'] != mode else ''}"
+                      f"{'  ' + r['note'][:100] if r.get('note') else ''}", flush=True)
+                save()
+            if gpu:
+                torch.cuda.empty_cache()
+    text = modes_table(rows)
+    print("\n" + text)
+    if "mad" in shapes:
+        proj = projection_table(project_mad(out))
+        print("\n" + proj)
+        text += "\n\n" + proj
+    save()
+    if args.md:
+        from ..leaderboard.export import write_atomic
+        write_atomic(args.md, text + "\n")
+    return 0
+
+
+def main(args) -> int:
+    if any(getattr(args, k, None) for k in ("shape", "project")):
+        return modes_main(args)
+    return harness_main(args)
+
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         _worker(sys.argv[2:])
+    elif len(sys.argv) > 1 and sys.argv[1] == "--mode-worker":
+        _mode_worker(sys.argv[2])

@@ -29,6 +29,10 @@ class TrainConfig:
     n_train: int | None = None        # examples per split; None = the task's default
     n_val: int | None = None
     n_test: int | None = None
+    # how a step runs, not what it computes (the results are the same up to floating-point
+    # reordering): "eager" (Lightning) | "graphed" (one CUDA graph a step, train/graphed.py) |
+    # "stacked" / "stacked+graphed" (several runs as one batched model, train/stacked.py)
+    step_mode: str = "eager"
 
     def __post_init__(self):
         from ..errors import UsageError
@@ -54,9 +58,16 @@ class TrainConfig:
             raise UsageError(f"muon_lr={self.muon_lr!r} must be > 0")
         if not 0.0 <= float(self.muon_momentum) < 1.0:
             raise UsageError(f"muon_momentum={self.muon_momentum!r} must be in [0, 1)")
+        step_modes = ("eager", "graphed", "stacked", "stacked+graphed")
+        if self.step_mode not in step_modes:
+            raise UsageError(f"step_mode={self.step_mode!r}; allowed: {', '.join(step_modes)}")
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        # step_mode is left out: it does not change what a run computes, and a row's hparams_json
+        # (which this feeds) identifies its configuration, so runs in any step mode group together
+        d = asdict(self)
+        d.pop("step_mode")
+        return d
 
 
 @dataclass

@@ -165,9 +165,13 @@ def train(task: Task, mixer: str, knobs: dict[str, Any] | None = None,
     pass; whatever it raises (e.g. a pruning signal) propagates to the caller. ``callbacks``:
     extra Lightning callbacks, run before mixzoo's own at each hook; what they raise propagates.
     """
+    knobs, model_cfg, cfg = dict(knobs or {}), model_cfg or ModelConfig(), cfg or TrainConfig()
+    if cfg.step_mode != "eager":        # graphed / stacked: train/graphed.py (eager where they cannot run)
+        from .graphed import train_mode
+        return train_mode(task, mixer, knobs, model_cfg, cfg, seed=seed, device=device, on_eval=on_eval,
+                          log=log, data=data, callbacks=callbacks)
     import lightning.pytorch as pl
     _quiet_lightning()
-    knobs, model_cfg, cfg = dict(knobs or {}), model_cfg or ModelConfig(), cfg or TrainConfig()
     dev = resolve_device(device)
     precision = cfg.precision if cfg.precision != "auto" else (
         "bf16-mixed" if dev.type == "cuda" else "32-true")

@@ -1,0 +1,197 @@
+"""Per-kernel breakdown of one training step (torch.profiler), at MAD's baseline shape.
+
+    python benchmarks/profile_step.py [--mixers softmax,gdn] [--shape mad|tiny] [--stacked 8]
+                                      [--steps 3] [--warmup 5] [--top 15] [--out DIR]
+
+For each mechanism: the training step as mixzoo's trainer runs it (forward and loss under bf16
+autocast on a GPU, backward, clipping, fused AdamW; no Lightning, whose overhead is host-side
+and measured by ``mixzoo bench throughput``), and with ``--stacked K`` also K such models as one
+stacked step (``mixzoo.train.stacked``). After ``--warmup`` steps (autotuning), ``--steps`` steps
+are profiled, and per step it reports:
+
+* the top kernels by device time (name, launches, total and mean microseconds, share of the step);
+* kernel launches per step, device busy time (the kernels' summed time) and the step's wall time,
+  so busy / wall is how much of the step the GPU works (a launch-bound step is far below 1);
+* host time between launches: the gaps between consecutive kernel-launch calls on the host
+  (median, 90th percentile, sum), i.e. what the host spends per launch.
+
+On a CPU (``--shape tiny``, the default there) only CPU activities are recorded: the top operators by
+self CPU time and the operators per step; there are no kernels or launch gaps. The tables go to stdout
+and, with ``--out DIR``, to ``DIR/profile_step.md`` and ``DIR/profile_step.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+LAUNCH_NAMES = ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernelEx",
+                "cudaGraphLaunch", "cudaMemcpyAsync", "cudaMemsetAsync")
+
+
+def plain_step(task, mcfg, mixer: str, data, dev, batch_size: int, steps: int):
+    """The trainer's step for one model (train/graphed.py's step, run eagerly)."""
+    import torch
+
+    from mixzoo.models import build_model
+    from mixzoo.train.config import TrainConfig
+    from mixzoo.train.loop import loss_fn
+    from mixzoo.train.optim import build_optimizer
+    from mixzoo.train.steploop import autocast, precision_of, seed_all, sparse_width, train_data
+    cfg = TrainConfig(steps=steps, batch_size=batch_size, lr=1e-3)
+    seed_all(0)
+    model = build_model(task.backbone, mixer, {}, mcfg, vocab=task.vocab_size).to(dev)
+    td = train_data(data, cfg, 0, sparse_width([data["train"].mask], cfg, task, model), dev)
+    opt = build_optimizer(model, cfg, fused=dev.type == "cuda")
+    amp = autocast(precision_of(cfg, dev), dev)
+    state = {"i": 0}
+
+    def step():
+        rows = td.order[state["i"] % steps]
+        b = td.train.index(rows)
+        with amp:
+            out = model(b.inputs) if td.sel is None else model(b.inputs, select=td.sel[rows])
+            loss = loss_fn(task.kind, out, b)[0]
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+        opt.step()
+        state["i"] += 1
+    return step, model
+
+
+def stacked_step(task, mcfg, mixer: str, data, dev, batch_size: int, steps: int, K: int):
+    from mixzoo.train.config import TrainConfig
+    from mixzoo.train.stacked import Stack
+    from mixzoo.train.vmapfold import folding
+    st = Stack(task, mixer, {}, mcfg, [TrainConfig(steps=steps, batch_size=batch_size, lr=1e-3)] * K,
+               list(range(K)), dev, data)
+
+    def step():
+        if int(st.idx) >= steps:         # host read between profiled regions only (warm-up bound)
+            st.idx.zero_()
+        with folding():
+            st.step()
+    return step, st.models[0]
+
+
+def _gaps(times: list[float]) -> list[float]:
+    times = sorted(times)
+    return [b - a for a, b in zip(times, times[1:])]
+
+
+def profile(step, dev, steps: int, warmup: int, top: int) -> dict:
+    import torch
+    from torch.profiler import ProfilerActivity
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    for _ in range(warmup):
+        step()
+    sync()
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with torch.profiler.profile(activities=acts) as prof:
+        t = time.perf_counter()
+        for _ in range(steps):
+            step()
+        sync()
+        wall = (time.perf_counter() - t) / steps
+    events = prof.events()
+    out = {"wall_us": wall * 1e6, "steps": steps}
+    if dev.type == "cuda":
+        from torch.autograd import DeviceType
+        kernels = [e for e in events if e.device_type == DeviceType.CUDA]
+        by_name: dict[str, list[float]] = {}
+        for e in kernels:
+            by_name.setdefault(e.name, []).append(e.time_range.end - e.time_range.start)
+        busy = sum(sum(v) for v in by_name.values()) / steps
+        launches = [e.time_range.start for e in events
+                    if e.device_type == DeviceType.CPU and e.name in LAUNCH_NAMES]
+        gaps = _gaps(launches)
+        rows = sorted(((n, len(v) / steps, sum(v) / steps, statistics.mean(v)) for n, v in by_name.items()),
+                      key=lambda r: -r[2])
+        out.update(kind="cuda", launches_per_step=len(kernels) / steps, busy_us=busy,
+                   busy_frac=busy / out["wall_us"] if out["wall_us"] else float("nan"),
+                   launch_calls_per_step=len(launches) / steps,
+                   host_gap_us=dict(median=statistics.median(gaps) if gaps else float("nan"),
+                                    p90=statistics.quantiles(gaps, n=10)[-1] if len(gaps) > 10 else float("nan"),
+                                    sum_per_step=sum(gaps) / steps),
+                   top=[dict(name=n, per_step=c, us_per_step=u, mean_us=m, share=u / busy if busy else 0.0)
+                        for n, c, u, m in rows[:top]])
+    else:
+        ka = prof.key_averages()
+        total = sum(a.self_cpu_time_total for a in ka) / steps
+        rows = sorted(ka, key=lambda a: -a.self_cpu_time_total)
+        out.update(kind="cpu", ops_per_step=sum(a.count for a in ka if a.key.startswith("aten::")) / steps,
+                   self_cpu_us=total,
+                   top=[dict(name=a.key, per_step=a.count / steps, us_per_step=a.self_cpu_time_total / steps,
+                             mean_us=a.self_cpu_time_total / max(1, a.count),
+                             share=(a.self_cpu_time_total / steps) / total if total else 0.0) for a in rows[:top]])
+    return out
+
+
+def table(name: str, r: dict) -> str:
+    if r["kind"] == "cuda":
+        g = r["host_gap_us"]
+        head = (f"### {name}\n\nstep wall {r['wall_us']:.0f} us, kernels {r['launches_per_step']:.0f} a step "
+                f"(launch calls {r['launch_calls_per_step']:.0f}), device busy {r['busy_us']:.0f} us "
+                f"= {r['busy_frac']:.2f} of the step; host time between launches: median {g['median']:.1f} us, "
+                f"p90 {g['p90']:.1f} us, {g['sum_per_step']:.0f} us a step\n\n"
+                "| kernel | per step | us a step | mean us | share of busy |\n|---|---|---|---|---|")
+    else:
+        head = (f"### {name}\n\nstep wall {r['wall_us']:.0f} us, {r['ops_per_step']:.0f} aten operators a step, "
+                f"self CPU {r['self_cpu_us']:.0f} us (CPU activities only: no kernels, no launch gaps)\n\n"
+                "| operator | per step | us a step | mean us | share of self CPU |\n|---|---|---|---|---|")
+    lines = [head]
+    for t in r["top"]:
+        nm = t["name"] if len(t["name"]) <= 90 else t["name"][:87] + "..."
+        lines.append(f"| `{nm}` | {t['per_step']:.1f} | {t['us_per_step']:.1f} | {t['mean_us']:.1f} | {t['share']:.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    from mixzoo.bench.throughput import MODE_SHAPES, _mode_setup
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mixers", default="softmax,gdn")
+    ap.add_argument("--shape", choices=sorted(MODE_SHAPES), default=None)
+    ap.add_argument("--stacked", type=int, default=0, help="also profile K models as one stacked step")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--out", default=None)
+    a = ap.parse_args(argv)
+    dev = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    shape = a.shape or ("mad" if dev.type == "cuda" else "tiny")
+    bs = MODE_SHAPES[shape]["batch_size"]
+    task, mcfg, data = _mode_setup(shape, str(dev))
+    total = a.warmup + a.steps
+    results, texts = {}, []
+    for mixer in [m for m in a.mixers.split(",") if m]:
+        variants = [("eager", lambda m=mixer: plain_step(task, mcfg, m, data, dev, bs, total))]
+        if a.stacked:
+            variants.append((f"stacked K={a.stacked}",
+                             lambda m=mixer: stacked_step(task, mcfg, m, data, dev, bs, total, a.stacked)))
+        for label, make in variants:
+            step, model = make()
+            r = profile(step, dev, a.steps, a.warmup, a.top)
+            backend = "+".join(sorted({getattr(m, "backend", "?") for m in model.trunk.mixers()}))
+            key = f"{mixer} ({backend}), {label}, shape {shape}"
+            results[key] = r
+            texts.append(table(key, r))
+            print(texts[-1] + "\n", flush=True)
+    if a.out:
+        d = Path(a.out)
+        d.mkdir(parents=True, exist_ok=True)
+        name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+        (d / "profile_step.md").write_text(f"# One training step, per kernel ({name}, torch {torch.__version__})\n\n"
+                                           + "\n\n".join(texts) + "\n")
+        (d / "profile_step.json").write_text(json.dumps({"device": name, "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,368 @@
+"""``step_mode="stacked"``: K runs of one architecture trained as one batched model.
+
+K configurations that differ only in seed, ``lr`` and ``weight_decay`` (a sweep's trials, or the
+seeds of its best configuration) are built as K models exactly as ``loop.train`` builds each (same
+seed, same initialization, same training set and batch order), then trained together:
+
+* **weights** stacked along a leading dimension: every trainable parameter is a (K, ...) view of one
+  flat (K, N) float32 buffer (matrices first, then vectors);
+* **forward** ``torch.func.vmap`` of ``functional_call`` over the K weight sets and the K batches: a
+  Linear becomes one batched matmul for all K models, a norm or a convolution one kernel. A
+  mechanism's core, where it is a custom op (SDPA, fla's Triton kernels), runs once for all K models
+  with the models folded into its batch or its heads (``mixzoo.train.vmapfold``);
+* **loss** each model's mean over its supervised positions, summed over the models for one backward
+  (the models share no weight, so each model's gradient is its own loss's);
+* **clipping** per model: the norm over that model's gradients, as ``clip_grad_norm_`` computes it;
+* **optimizer** AdamW as ``torch.optim.AdamW`` computes it (decoupled weight decay on matrices only,
+  betas 0.9/0.98), written as a functional step on the flat buffer with per-model learning rate and
+  weight decay as (K, 1) tensors: one set of about a dozen kernels for all K models and every
+  parameter, whatever K. (The alternative, one ``torch.optim`` param group per model, needs the
+  weights as K separate tensors and a stack of every weight at every step.) Its state (step,
+  schedule, per-model rates) lives on the device, so the step can be captured in a CUDA graph
+  (``step_mode="stacked+graphed"``).
+
+Each model's validation, best weights, early stop, divergence and test score are its own, with the
+same code as ``loop.train`` (``steploop.Book``); a model that stops (early stop, non-finite loss) is
+frozen (learning rate 0: its weights do not move) while the others go on. Results match training
+each model alone up to floating-point reordering (tests/test_stacked.py).
+
+Not supported (``train_stacked`` raises UsageError): Muon, ``compile``, configurations differing in
+anything but seed, lr and weight_decay. Where the stacked step cannot run (a mechanism that does not
+vmap, e.g. a host read in its forward), ``train_stacked`` falls back to K separate eager runs and
+says why (``result.step_mode_reason``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import UsageError
+from ..models import ModelConfig, build_model
+from ..tasks.base import IGNORE, Batch, Task
+from .config import RunResult, TrainConfig
+from .loop import count_params, failure_reason, resolve_device
+from .optim import lr_lambda, wd_multiplier
+from .steploop import Book, autocast, mark, peak_mem, precision_of, seed_all, sparse_width, splits, train_data
+from .vmapfold import folding
+
+PER_MODEL = ("lr", "weight_decay", "step_mode")     # what may differ between the K configurations
+
+
+class StackedModel:
+    """K models of one architecture as one: stacked weights, a vmapped forward."""
+
+    def __init__(self, models: Sequence[nn.Module]):
+        self.K = K = len(models)
+        self.template = models[0]
+        named = list(self.template.named_parameters())          # tied weights once
+        by_model = [dict(m.named_parameters()) for m in models]
+        for name, p in named:
+            if p.dtype != torch.float32:
+                raise UsageError(f"stacked: parameter {name} is {p.dtype}; stacking needs float32 weights")
+        train = [(n, p) for n, p in named if p.requires_grad]
+        train.sort(key=lambda np_: np_[1].dim() < 2)             # stable: matrices (decayed) first
+        self.names = [n for n, _ in train]
+        self.n_decay = sum(p.numel() for _, p in train if p.dim() >= 2)
+        N = sum(p.numel() for _, p in train)
+        dev = named[0][1].device
+        self.flat = torch.empty(K, N, device=dev, dtype=torch.float32)
+        self.params: dict[str, torch.Tensor] = {}
+        off = 0
+        with torch.no_grad():
+            for n, p in train:
+                view = self.flat[:, off:off + p.numel()].view(K, *p.shape)
+                view.copy_(torch.stack([m[n].detach() for m in by_model]))
+                self.params[n] = view.requires_grad_()
+                off += p.numel()
+            for n, p in named:
+                if not p.requires_grad:
+                    self.params[n] = torch.stack([m[n].detach() for m in by_model])
+            bufs = [dict(m.named_buffers()) for m in models]
+            self.buffers = {n: torch.stack([b[n] for b in bufs]) for n in bufs[0]}
+        self.leaves = [self.params[n] for n in self.names]
+
+    def forward(self, inputs: torch.Tensor, select: torch.Tensor | None = None) -> torch.Tensor:
+        """(K, B, ...) inputs (and (K, B, S) positions) -> (K, B, ..., out)."""
+        from torch.func import functional_call, vmap
+
+        def one(params, buffers, x, sel):
+            kw = {} if sel is None else {"select": sel}
+            return functional_call(self.template, (params, buffers), (x,), kw)
+        return vmap(one, in_dims=(0, 0, 0, None if select is None else 0), randomness="error")(
+            self.params, self.buffers, inputs, select)
+
+    def flat_grad(self) -> torch.Tensor:
+        missing = [n for n, p in zip(self.names, self.leaves) if p.grad is None]
+        if missing:
+            raise RuntimeError(f"stacked: no gradient reached {', '.join(missing[:3])}")
+        return torch.cat([p.grad.reshape(self.K, -1) for p in self.leaves], dim=1)
+
+    @torch.no_grad()
+    def load_into(self, k: int, module: nn.Module) -> nn.Module:
+        """Copy model ``k``'s weights into ``module`` (an unstacked model of the same architecture)."""
+        for n, p in module.named_parameters():
+            p.copy_(self.params[n][k])
+        for n, b in module.named_buffers():
+            b.copy_(self.buffers[n][k])
+        return module
+
+
+def clip_per_model_(g: torch.Tensor, max_norm: float) -> None:
+    """``clip_grad_norm_`` for each row of the flat (K, N) gradient (its total norm over all of that
+    model's gradients, scale min(1, max_norm / (norm + 1e-6)))."""
+    norm = torch.linalg.vector_norm(g, 2, dim=1, keepdim=True)
+    g.mul_((max_norm / (norm + 1e-6)).clamp_(max=1.0))
+
+
+class StackedAdamW:
+    """AdamW on the flat (K, N) weights with per-model lr and weight decay (module docstring).
+
+    The update is torch.optim.AdamW's (decoupled weight decay, bias-corrected moments), per element:
+    p *= 1 - lr_k * wd_k (matrices only); m = lerp(m, g, 1 - b1); v = b2 v + (1 - b2) g²;
+    p -= lr_k / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps). Per step, lr_k is its base rate
+    times the schedule's multiplier (``optim.lr_lambda``), read from a table on the device at the
+    device step counter, so that nothing of the step lives on the host."""
+
+    def __init__(self, sm: StackedModel, cfgs: Sequence[TrainConfig], betas=(0.9, 0.98), eps: float = 1e-8):
+        cfg = cfgs[0]
+        dev, K = sm.flat.device, sm.K
+        f64 = dict(device=dev, dtype=torch.float64)
+        self.sm, self.b1, self.b2, self.eps = sm, betas[0], betas[1], eps
+        self.m = torch.zeros_like(sm.flat)
+        self.v = torch.zeros_like(sm.flat)
+        self.t = torch.zeros((), **f64)
+        self.lr = torch.tensor([[c.lr] for c in cfgs], **f64)
+        self.wd = torch.tensor([[c.weight_decay] for c in cfgs], **f64)
+        self.on = torch.ones(K, 1, **f64)                      # 0: frozen (stopped or failed)
+        sched = lr_lambda(cfg)
+        self.lr_table = torch.tensor([sched(s) for s in range(cfg.steps)], **f64)
+        self.wd_table = torch.tensor([wd_multiplier(cfg, s) for s in range(cfg.steps)], **f64)
+
+    def freeze(self, k: int) -> None:
+        self.on[k] = 0.0
+
+    @torch.no_grad()
+    def step(self, g: torch.Tensor, idx: torch.Tensor) -> None:
+        """One update with the flat gradient ``g``, at schedule step ``idx`` (a (1,) long tensor)."""
+        p, m, v = self.sm.flat, self.m, self.v
+        self.t += 1
+        lr = self.lr * self.lr_table.index_select(0, idx) * self.on             # (K, 1) float64
+        if self.sm.n_decay:
+            wd = self.wd * self.wd_table.index_select(0, idx)
+            p[:, :self.sm.n_decay].mul_((1 - lr * wd).float())
+        m.lerp_(g, 1 - self.b1)
+        v.mul_(self.b2).addcmul_(g, g, value=1 - self.b2)
+        step_size = (lr / (1 - self.b1 ** self.t)).float()
+        bc2_sqrt = (1 - self.b2 ** self.t).sqrt().float()
+        denom = (v.sqrt() / bc2_sqrt).add_(self.eps)
+        p.add_(m.div(denom).mul_(-step_size))
+
+
+def per_model_loss(kind: str, out: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(K,) each model's ``loop.loss_fn`` loss: its mean over its supervised positions."""
+    K = out.shape[0]
+    if kind == "classification":
+        tgt = torch.where(mask, targets, IGNORE)
+        s = F.cross_entropy(out.flatten(0, -2).float(), tgt.flatten(), ignore_index=IGNORE,
+                            reduction="none").view(K, -1).sum(1)
+    else:
+        s = (((out.float() - targets.float()) ** 2).mean(-1) * mask).view(K, -1).sum(1)
+    return s / mask.view(K, -1).sum(1).clamp_min(1)
+
+
+def check_configs(cfgs: Sequence[TrainConfig]) -> None:
+    if not cfgs:
+        raise UsageError("stacked: no configurations")
+    first = {k: v for k, v in cfgs[0].as_dict().items() if k not in PER_MODEL}
+    for c in cfgs[1:]:
+        other = {k: v for k, v in c.as_dict().items() if k not in PER_MODEL}
+        diff = sorted(k for k in first if first[k] != other.get(k))
+        if diff:
+            raise UsageError(f"stacked: configurations differ in {', '.join(diff)}; only seed, lr and "
+                             f"weight_decay may differ")
+    c = cfgs[0]
+    if c.optimizer != "adamw":
+        raise UsageError(f"stacked: optimizer={c.optimizer!r}; stacked training runs adamw only")
+    if c.compile != "off":
+        raise UsageError(f"stacked: compile={c.compile!r}; stacked training runs with compile=off")
+
+
+class _Setup(Exception):
+    """Raised for a failure before the first stacked step completed (then: separate eager runs)."""
+
+
+def train_stacked(task: Task, mixer: str, knobs: dict[str, Any] | None = None,
+                  model_cfg: ModelConfig | None = None, cfgs: Sequence[TrainConfig] = (),
+                  seeds: Sequence[int] = (), device: str | None = "auto",
+                  on_eval: Sequence[Callable[[int, dict[str, float]], None] | None] | None = None,
+                  log: Callable[[str], None] | None = None, data: dict[str, Batch] | None = None,
+                  graphed: bool | None = None, keep_weights: bool = False) -> list[RunResult]:
+    """Train K = len(cfgs) runs of ``mixer`` on ``task`` as one stacked model; one RunResult each,
+    as ``loop.train`` would give for (cfgs[k], seeds[k]).
+
+    ``data``: one set of splits for every run (else each seed's own, as loop.train generates them).
+    ``on_eval[k](step, val)`` is called after each of run k's validations; what it raises stops run k
+    only, and is kept in ``results[k].hook_error`` (the caller decides: e.g. a pruned trial).
+    ``graphed``: capture the step in a CUDA graph (default: where cfgs[0].step_mode asks for it and the
+    device is CUDA). Each result says which step mode ran (``step_mode``) and why, where it is not the
+    one asked for (``step_mode_reason``). ``keep_weights``: also keep each model's weights after its
+    last step in ``results[k].final_state_dict`` (before its best weights are loaded to score test)."""
+    cfgs, seeds = list(cfgs), [int(s) for s in seeds]
+    if len(cfgs) != len(seeds):
+        raise UsageError(f"stacked: {len(cfgs)} configurations but {len(seeds)} seeds")
+    check_configs(cfgs)
+    knobs, model_cfg = dict(knobs or {}), model_cfg or ModelConfig()
+    hooks = list(on_eval) if on_eval is not None else [None] * len(cfgs)
+    dev = resolve_device(device)
+    want_graph = (cfgs[0].step_mode == "stacked+graphed") if graphed is None else bool(graphed)
+    reason = ""
+    if want_graph and dev.type != "cuda":
+        want_graph, reason = False, "CUDA graphs need a CUDA device"
+    try:
+        results, graph_reason = _run(task, mixer, knobs, model_cfg, cfgs, seeds, dev, hooks, log, data, want_graph,
+                                     keep_weights)
+        mode = "stacked+graphed" if want_graph and not graph_reason else "stacked"
+        return [mark(r, mode, reason or graph_reason) for r in results]
+    except _Setup as e:
+        why = failure_reason(e.__cause__ or e)
+    if log:
+        log(f"stacked: running the {len(cfgs)} runs one by one (eager): {why}")
+    from .loop import train
+    out = []
+    for c, s, h in zip(cfgs, seeds, hooks):
+        r = train(task, mixer, knobs, model_cfg, dataclasses.replace(c, step_mode="eager"), seed=s,
+                  device=str(dev), on_eval=h, log=log, data=data)
+        out.append(mark(r, "eager", f"stacked step failed: {why}"))
+    return out
+
+
+class Stack:
+    """The K runs' models, data and stacked step, built as ``loop.train`` builds one run's
+    (``step()`` trains all K models one step: no host sync, no host state, capturable)."""
+
+    def __init__(self, task: Task, mixer: str, knobs: dict[str, Any], model_cfg: ModelConfig,
+                 cfgs: Sequence[TrainConfig], seeds: Sequence[int], dev: torch.device,
+                 data: dict[str, Batch] | None = None):
+        K, cfg = len(cfgs), cfgs[0]
+        self.task, self.cfg, self.dev = task, cfg, dev
+        self.precision = precision_of(cfg, dev)
+        self.by_seed: dict[int, dict[str, Batch]] = {}
+        self.models = []
+        for s in seeds:        # as loop.train: the data, then the seed, then the model
+            if s not in self.by_seed:
+                self.by_seed[s] = splits(task, cfg, s, dev, data)
+            seed_all(s)
+            self.models.append(build_model(task.backbone, mixer, knobs, model_cfg,
+                                           vocab=task.vocab_size if task.kind == "classification" else 0,
+                                           d_in=task.d_in, d_out=task.d_out).to(dev))
+        uniq = list(self.by_seed)
+        width = sparse_width([self.by_seed[s]["train"].mask for s in uniq], cfg, task, self.models[0])
+        tds = {s: train_data(self.by_seed[s], cfg, s, width, dev) for s in uniq}
+        self.src = torch.tensor([uniq.index(s) for s in seeds], device=dev)[:, None]      # (K, 1)
+        self.inputs = torch.stack([tds[s].train.inputs for s in uniq])
+        self.targets = torch.stack([tds[s].train.targets for s in uniq])
+        self.mask = torch.stack([tds[s].train.mask for s in uniq])
+        self.sel = None if width is None else torch.stack([tds[s].sel for s in uniq])
+        self.order = torch.stack([tds[s].order for s in seeds])                           # (K, steps, B)
+        self.sm = StackedModel(self.models)
+        self.opt = StackedAdamW(self.sm, cfgs)
+        self.idx = torch.zeros(1, dtype=torch.long, device=dev)                           # the step counter
+        self.loss_sum = torch.zeros(K, device=dev)
+        self.loss_n = torch.zeros((), device=dev)
+        self.amp = autocast(self.precision, dev)
+
+    def step(self) -> None:
+        src, sm = self.src, self.sm
+        rows = self.order.index_select(1, self.idx).squeeze(1)                             # (K, B)
+        x, tgt, m = self.inputs[src, rows], self.targets[src, rows], self.mask[src, rows]
+        pick = None if self.sel is None else self.sel[src, rows]
+        with self.amp:
+            loss = per_model_loss(self.task.kind, sm.forward(x, pick), tgt, m)
+        for p in sm.leaves:
+            p.grad = None
+        loss.sum().backward()
+        g = sm.flat_grad()
+        if self.cfg.grad_clip:
+            clip_per_model_(g, self.cfg.grad_clip)
+        self.opt.step(g, self.idx)
+        self.loss_sum.add_(loss.detach().float())
+        self.loss_n.add_(1)
+        self.idx.add_(1)
+
+
+def _run(task, mixer, knobs, model_cfg, cfgs, seeds, dev, hooks, log, data,
+         want_graph, keep_weights) -> tuple[list[RunResult], str]:
+    cfg = cfgs[0]
+    t_start = time.perf_counter()
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+    try:
+        st = Stack(task, mixer, knobs, model_cfg, cfgs, seeds, dev, data)
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+        results = [RunResult(state="COMPLETE", device_name=name, params=count_params(m)) for m in st.models]
+        books = [Book(task, c, st.precision, r, h, log if k == 0 else None)
+                 for k, (c, r, h) in enumerate(zip(cfgs, results, hooks))]
+    except UsageError:
+        raise
+    except Exception as e:
+        raise _Setup() from e
+    sm, opt, by_seed, loss_sum, loss_n, step = st.sm, st.opt, st.by_seed, st.loss_sum, st.loss_n, st.step
+
+    from .graphed import Stepper
+    stepper = Stepper(step, dev, capture=want_graph, keep_going=True)
+    eval_time, done = 0.0, 0
+    t0 = time.perf_counter()                    # as loop.train: from the start of training
+    with folding():
+        try:
+            for i in range(cfg.steps):
+                stepper.run(i)
+                done = i + 1
+                if not (done % cfg.eval_every == 0 or done >= cfg.steps):
+                    continue
+                losses = (loss_sum / loss_n.clamp_min(1)).tolist()
+                t = time.perf_counter()
+                loss_sum.zero_()
+                loss_n.zero_()
+                for k, b in enumerate(books):
+                    if b.active:
+                        b.validate(sm.load_into(k, sm.template), by_seed[seeds[k]], done, losses[k],
+                                   t - t0 - eval_time)
+                        if not b.active:
+                            opt.freeze(k)
+                eval_time += time.perf_counter() - t
+                if not any(b.active for b in books):
+                    break
+        except (UsageError, KeyboardInterrupt):
+            raise
+        except Exception as e:
+            if done == 0 and not stepper.replayed:
+                raise _Setup() from e
+            for b in books:
+                if b.res.state == "COMPLETE":
+                    b.fail(e)
+                    b.res.steps = max(b.res.steps, done)
+            if log:
+                log(f"stacked run failed at step {done}: {failure_reason(e)}")
+    train_time = time.perf_counter() - t0 - eval_time
+    out = []
+    for k, b in enumerate(books):
+        if b.active and b.res.state == "COMPLETE":
+            b.res.steps = done
+        final = ({k_: v.detach().clone() for k_, v in sm.load_into(k, sm.template).state_dict().items()}
+                 if keep_weights else None)
+        # a run that stopped before the others trained until its last validation
+        own = train_time if b.active or b.elapsed is None else b.elapsed
+        out.append(b.finish(sm.load_into(k, sm.template), by_seed[seeds[k]], dev, own, t_start))
+        out[-1].hook_error = b.hook_error
+        if keep_weights:
+            out[-1].final_state_dict = final
+    pm = peak_mem(dev)
+    for r in out:
+        r.peak_mem_bytes = pm
+    return out, stepper.reason

@@ -1,0 +1,232 @@
+"""Per-sequence custom ops under ``torch.func.vmap``, by folding the model dimension into the op.
+
+Stacked training (``mixzoo.train.stacked``) runs K models as one with ``vmap`` over their stacked
+weights. Most of a mechanism is plain PyTorch and vmaps as is (projections become batched matmuls),
+but its core is often a custom op: an fla Triton kernel (an ``autograd.Function`` that functorch
+cannot enter) or SDPA (whose CPU kernel has no batching rule, so vmap would loop over the models).
+Such an op computes each sequence, and each head, independently, so K models' calls are one call
+with the K models folded in:
+
+* into the batch: (K, B, ...) -> (K*B, ...), when every per-model argument has the batch dimension
+  (q, k, v, gates, a ridge expanded over the batch);
+* into the heads: (K, B, T, H, ...) -> (B, T, K*H, ...), when a per-model argument is a per-head
+  parameter with no batch dimension (MesaNet's ``lamb``), which the kernel takes as (H,) or (H, D):
+  the K models' parameters become (K*H,) or (K*H, D).
+
+Folding into the batch is preferred where an op allows it: fla's autotuning keys on the head count
+(every kernel) and on the batch (a few small ones), so a heads fold autotunes the whole mechanism
+again for each K. GDN's call with its gate fused in the kernel (``use_gate_in_kernel``, per-head
+``A_log`` and ``dt_bias``) is therefore rewritten first (``REWRITES``): the gate
+-exp(A_log) softplus(a + dt_bias) is computed in float32 by PyTorch, per model under vmap (the
+formula of gdn's own PyTorch path), and the kernel takes it as a precomputed log-decay, which folds
+into the batch.
+
+The folded call is an ordinary call of the op on ordinary tensors, so autograd records it as usual
+and ``loss.backward()`` outside the vmap runs the op's own backward. Outside vmap a folded op is the
+op itself (no copy, no overhead beyond one check), so installing the wrappers changes nothing for
+ordinary training.
+
+``folding()`` installs them for the duration of a block: on ``F.scaled_dot_product_attention`` and on
+every fla entry point mixzoo's mechanisms look up through ``mixzoo.models._fla`` (they call it on each
+forward). The long-term home of this is ``mixzoo/models/_fla.py`` itself (its ``_op`` returning
+``foldable(...)``); it lives here so that stacking needs no change to the models.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class FoldSpec:
+    """How to fold one op. ``params``: names of its per-head parameter arguments (no batch
+    dimension; head axis 0). ``head_axis``: the head axis of its per-sequence tensors and outputs
+    ((B, T, H, D): 2, fla's layout)."""
+    params: frozenset[str] = field(default_factory=frozenset)
+    head_axis: int = 2
+
+
+# the ops mixzoo's mechanisms call, by function name; anything else folds into the batch
+SPECS: dict[str, FoldSpec] = {
+    "scaled_dot_product_attention": FoldSpec(),
+    "chunk_gated_delta_rule": FoldSpec(frozenset({"A_log", "dt_bias"})),   # if not rewritten (REWRITES)
+    "chunk_mesa_net": FoldSpec(frozenset({"lamb"})),
+}
+
+
+class FoldError(RuntimeError):
+    pass
+
+
+def _gdn_gate_outside(names: tuple[str, ...], args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """chunk_gated_delta_rule(..., g=a, use_gate_in_kernel=True, A_log=, dt_bias=) ->
+    (..., g=-exp(A_log) softplus(a + dt_bias), use_gate_in_kernel=False)."""
+    if not kwargs.get("use_gate_in_kernel"):
+        return args, kwargs
+    kw = dict(zip(names, args)) | kwargs
+    if any(n not in kw for n in ("g", "A_log")):
+        return args, kwargs
+    a, A_log, dt_bias = kw["g"].float(), kw.pop("A_log").float(), kw.pop("dt_bias", None)
+    kw["g"] = -A_log.exp() * F.softplus(a if dt_bias is None else a + dt_bias.float())
+    kw["use_gate_in_kernel"] = False
+    n = min(len(args), len(names))
+    return tuple(kw.pop(k) for k in names[:n]), kw
+
+
+# op name -> a rewrite of its (positional names, args, kwargs) applied under vmap before folding
+REWRITES: dict[str, Callable] = {"chunk_gated_delta_rule": _gdn_gate_outside}
+
+
+@dataclass
+class _Call:
+    fn: Callable
+    name: str
+    spec: FoldSpec
+    npos: int
+    keys: tuple[str, ...]          # keyword names, in order, after the positional arguments
+    argnames: tuple[str, ...]      # the op's positional parameter names, where known
+
+    def names(self) -> list[str]:
+        pos = [self.argnames[i] if i < len(self.argnames) else f"arg{i}" for i in range(self.npos)]
+        return pos + list(self.keys)
+
+    def run(self, K: int, in_dims, args):
+        names = self.names()
+        batched = {n for n, t, d in zip(names, args, in_dims) if torch.is_tensor(t) and d is not None}
+        heads = bool(batched & self.spec.params)
+        a = self.spec.head_axis
+        B = None
+        for n, t, d in zip(names, args, in_dims):
+            if n in batched and n not in self.spec.params:
+                size = t.shape[1 if d == 0 else 0] if t.dim() > 1 else None
+                if size is None or (B is not None and size != B):
+                    raise FoldError(f"{self.name}: argument {n!r} of shape {tuple(t.shape)} has no batch "
+                                    f"dimension of size {B}: a per-model parameter needs a FoldSpec "
+                                    f"(mixzoo.train.vmapfold.SPECS)")
+                B = size
+        out = []
+        for n, t, d in zip(names, args, in_dims):
+            if not torch.is_tensor(t):
+                out.append(t)
+            elif n in self.spec.params:
+                if d is not None:
+                    out.append(t.movedim(d, 0).flatten(0, 1))            # (K, H, ...) -> (K*H, ...)
+                else:
+                    out.append(t.repeat(K, *([1] * (t.dim() - 1))) if heads else t)
+            elif d is None and (t.dim() == 0 or t.shape[0] != B):
+                out.append(t)                                            # shared, not per sequence
+            elif heads:
+                t = t.movedim(d, a) if d is not None else t.unsqueeze(a).expand(*t.shape[:a], K, *t.shape[a:])
+                out.append(t.flatten(a, a + 1))                          # (B, T, K, H, ...) -> (B, T, K*H, ...)
+            else:
+                t = t.movedim(d, 0) if d is not None else t.unsqueeze(0).expand(K, *t.shape)
+                out.append(t.flatten(0, 1))                              # (K, B, ...) -> (K*B, ...)
+        pos, kw = out[:self.npos], dict(zip(self.keys, out[self.npos:]))
+        res = self.fn(*pos, **kw)
+        axis = a if heads else 0
+
+        def unfold(r):
+            if r is None or not torch.is_tensor(r):
+                return r, None
+            if r.dim() <= axis or r.shape[axis] % K:
+                raise FoldError(f"{self.name}: output of shape {tuple(r.shape)} cannot be unfolded on axis {axis}")
+            return r.unflatten(axis, (K, r.shape[axis] // K)), axis
+
+        if isinstance(res, (tuple, list)):
+            pairs = [unfold(r) for r in res]
+            return type(res)(p[0] for p in pairs), tuple(p[1] for p in pairs)
+        return unfold(res)
+
+
+class _Fold(torch.autograd.Function):
+    """Only ever entered under vmap: its ``vmap`` rule folds and calls the op on plain tensors."""
+    generate_vmap_rule = False
+
+    @staticmethod
+    def forward(call, *args):
+        raise FoldError("a folded op runs only under vmap")
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise FoldError("a folded op's backward is the op's own")
+
+    @staticmethod
+    def vmap(info, in_dims, call, *args):
+        return call.run(info.batch_size, in_dims[1:], args)
+
+
+def _argnames(fn) -> tuple[str, ...]:
+    import inspect
+    try:
+        ps = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return ()
+    return tuple(p.name for p in ps if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+
+
+def foldable(fn: Callable, name: str | None = None, spec: FoldSpec | None = None) -> Callable:
+    """``fn`` itself outside vmap; under vmap, ``fn`` called once with the vmapped dimension folded
+    into its batch or heads (module docstring). Idempotent."""
+    if getattr(fn, "_mixzoo_folded", False):
+        return fn
+    name = name or getattr(fn, "__name__", "op")
+    spec = spec or SPECS.get(name, FoldSpec())
+    argnames = _argnames(fn)
+    rewrite = REWRITES.get(name)
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        if not torch._C._are_functorch_transforms_active():
+            return fn(*args, **kwargs)
+        if rewrite is not None:
+            args, kwargs = rewrite(argnames, args, kwargs)
+        keys = tuple(kwargs)
+        return _Fold.apply(_Call(fn, name, spec, len(args), keys, argnames), *args, *kwargs.values())
+
+    call._mixzoo_folded = True
+    call.__wrapped_op__ = fn
+    return call
+
+
+_lock = threading.Lock()
+_depth = 0
+_saved: dict[str, object] = {}
+
+
+@contextlib.contextmanager
+def folding():
+    """Within the block, SDPA and the fla ops mechanisms look up are foldable (module docstring).
+    Re-entrant; the originals are back when the outermost block ends."""
+    global _depth
+    from ..models import _fla
+    with _lock:
+        if _depth == 0:
+            _saved["sdpa"] = F.scaled_dot_product_attention
+            _saved["op"] = _fla._op
+            F.scaled_dot_product_attention = foldable(F.scaled_dot_product_attention, "scaled_dot_product_attention")
+            orig = _fla._op
+
+            @functools.cache
+            def op(module: str, fn: str):
+                f = orig(module, fn)
+                return None if f is None else foldable(f, fn)
+            _fla._op = op
+        _depth += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _depth -= 1
+            if _depth == 0:
+                F.scaled_dot_product_attention = _saved.pop("sdpa")
+                _fla._op = _saved.pop("op")

@@ -1,0 +1,245 @@
+"""Stacked training (mixzoo.train.stacked): K runs as one batched model give each run's numbers.
+
+Tolerances (float32, CPU): losses (train and validation) within 1e-5 relative; final weights within
+2e-4 of each tensor's norm and, elementwise, within 1e-2 x the run's learning rate. Adam's step is
+lr x m/sqrt(v), about lr whatever the gradient's size, so where a gradient is rounding noise (an
+embedding row barely used) a reordered sum moves that weight by a fraction of lr: the elementwise
+bound is stated in units of lr. Observed: losses <= 7e-7, norms <= 3.4e-5 (gdn), elements <= 8.4e-4 lr.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mixzoo.errors import UsageError
+from mixzoo.models import ModelConfig
+from mixzoo.tasks.mqar import MQAR
+from mixzoo.train import TrainConfig, train
+from mixzoo.train.stacked import StackedAdamW, StackedModel, clip_per_model_, train_stacked
+
+TASK = MQAR(V=32, L=16, kv=2)
+MCFG = ModelConfig(d_model=16, num_heads=2)
+BASE = dict(steps=8, batch_size=4, eval_every=4, n_train=32, n_val=8, n_test=8, eval_batch_size=8)
+HP = ((3e-3, 0.1), (1e-2, 0.0), (5e-3, 0.1))      # (lr, weight_decay) of each run
+SEEDS = (0, 1, 0)                                 # seed 0 twice: same data and init, other lr
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread: on a loaded 2-core machine two OpenMP threads make tiny matmuls 1000x slower."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _grab():
+    import lightning.pytorch as pl
+
+    class Grab(pl.Callback):
+        def on_train_end(self, trainer, module):
+            self.sd = {k: v.detach().clone() for k, v in module.model.state_dict().items()}
+    return Grab()
+
+
+def _close(a: float, b: float, rel: float = 1e-5) -> bool:
+    return abs(a - b) <= rel * max(abs(a), abs(b), 1e-12)
+
+
+@pytest.mark.parametrize("mixer", ["softmax", "gdn"])
+def test_stacked_runs_match_separate_runs(mixer):
+    cfgs = [TrainConfig(lr=lr, weight_decay=wd, **BASE) for lr, wd in HP]
+    solo = []
+    for c, s in zip(cfgs, SEEDS):
+        g = _grab()
+        solo.append((train(TASK, mixer, {}, MCFG, c, seed=s, device="cpu", callbacks=[g]), g.sd))
+    stacked = train_stacked(TASK, mixer, {}, MCFG, cfgs, SEEDS, device="cpu", keep_weights=True)
+    assert [r.step_mode for r in stacked] == ["stacked"] * 3
+    for (r, sd), q, (lr, _) in zip(solo, stacked, HP):
+        assert q.state == r.state == "COMPLETE" and q.steps == r.steps == BASE["steps"]
+        assert q.backend == r.backend and q.params == r.params and q.best_step == r.best_step
+        assert [h["step"] for h in q.history] == [h["step"] for h in r.history] == [4, 8]
+        for a, b in zip(r.history, q.history):
+            assert _close(a["train_loss"], b["train_loss"]) and _close(a["loss"], b["loss"]), (a, b)
+        for name in ("loss", "accuracy"):
+            assert _close(r.val[name], q.val[name]) and _close(r.test[name], q.test[name])
+        assert sd.keys() == q.final_state_dict.keys()
+        for k, p in sd.items():
+            d = p - q.final_state_dict[k]
+            assert float(d.norm()) <= 2e-4 * float(p.norm()) + 1e-12, k
+            assert float(d.abs().max()) <= 1e-2 * lr, k
+
+
+def test_stacked_adamw_and_clipping_are_torch_s_per_model():
+    """Per model k: clip_grad_norm_ then torch.optim.AdamW (betas 0.9, 0.98; decay on matrices only)
+    under the trainer's schedule, against the flat stacked versions, over 6 steps."""
+    from mixzoo.train.optim import build_optimizer, lr_lambda
+    torch.manual_seed(0)
+    K, cfgs = 3, [TrainConfig(steps=6, lr=lr, weight_decay=wd, warmup_frac=0.3) for lr, wd in HP]
+    models = [torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.LayerNorm(7), torch.nn.Linear(7, 3)) for _ in range(K)]
+    refs = [torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.LayerNorm(7), torch.nn.Linear(7, 3)) for _ in range(K)]
+    for m, r in zip(models, refs):
+        r.load_state_dict(m.state_dict())
+    sm, opts = StackedModel(models), [build_optimizer(r, c, fused=False) for r, c in zip(refs, cfgs)]
+    scheds = [torch.optim.lr_scheduler.LambdaLR(o, lr_lambda(c)) for o, c in zip(opts, cfgs)]
+    sopt = StackedAdamW(sm, cfgs)
+    idx = torch.zeros(1, dtype=torch.long)
+    for _ in range(6):
+        grads = [{n: torch.randn_like(p) * 3 for n, p in r.named_parameters()} for r in refs]
+        for r, gr, o, s in zip(refs, grads, opts, scheds):
+            for n, p in r.named_parameters():
+                p.grad = gr[n].clone()
+            torch.nn.utils.clip_grad_norm_(r.parameters(), 1.0, foreach=True)
+            o.step()
+            s.step()
+        for n, p in zip(sm.names, sm.leaves):
+            p.grad = torch.stack([gr[n] for gr in grads])
+        g = sm.flat_grad()
+        clip_per_model_(g, 1.0)
+        sopt.step(g, idx)
+        idx += 1
+    for k, r in enumerate(refs):
+        for n, p in r.named_parameters():
+            torch.testing.assert_close(sm.params[n][k], p.detach(), rtol=1e-6, atol=1e-7)
+
+
+def test_one_run_stopping_leaves_the_others_alone():
+    """Run 1's on_eval raises at its first validation: it stops there (frozen, the error kept for the
+    caller) while runs 0 and 2 train on, with their own numbers."""
+    cfgs = [TrainConfig(lr=lr, weight_decay=wd, **BASE) for lr, wd in HP]
+
+    class Pruned(Exception):
+        pass
+
+    def prune(step, val):
+        raise Pruned(step)
+    res = train_stacked(TASK, "softmax", {}, MCFG, cfgs, SEEDS, device="cpu", on_eval=[None, prune, None])
+    assert isinstance(res[1].hook_error, Pruned) and res[1].steps == 4 and len(res[1].history) == 1
+    assert res[0].hook_error is None and res[0].steps == 8
+    alone = train(TASK, "softmax", {}, MCFG, cfgs[2], seed=SEEDS[2], device="cpu")
+    assert all(_close(a["train_loss"], b["train_loss"]) for a, b in zip(alone.history, res[2].history))
+    assert _close(alone.test["loss"], res[2].test["loss"])
+
+
+def test_configurations_must_differ_only_in_seed_lr_weight_decay():
+    a = TrainConfig(**BASE)
+    with pytest.raises(UsageError, match="differ in batch_size"):
+        train_stacked(TASK, "softmax", {}, MCFG, [a, TrainConfig(**{**BASE, "batch_size": 8})], [0, 1], device="cpu")
+    with pytest.raises(UsageError, match="adamw only"):
+        train_stacked(TASK, "softmax", {}, MCFG, [TrainConfig(optimizer="muon", **BASE)], [0], device="cpu")
+    with pytest.raises(UsageError, match="2 configurations but 1 seeds"):
+        train_stacked(TASK, "softmax", {}, MCFG, [a, a], [0], device="cpu")
+
+
+def test_train_with_step_mode_stacked_is_one_stacked_run():
+    """loop.train dispatches step_mode=stacked to a stack of one; its numbers are the eager run's."""
+    eager = train(TASK, "linear", {}, MCFG, TrainConfig(**BASE), seed=3, device="cpu")
+    st = train(TASK, "linear", {}, MCFG, TrainConfig(step_mode="stacked", **BASE), seed=3, device="cpu")
+    assert st.step_mode == "stacked" and st.step_mode_reason == ""
+    assert all(_close(a["train_loss"], b["train_loss"]) for a, b in zip(eager.history, st.history))
+    assert math.isfinite(st.test["loss"]) and _close(eager.test["loss"], st.test["loss"])
+
+
+def test_vmap_folds_a_custom_op_into_batch_or_heads():
+    """An autograd.Function functorch cannot enter (ctx in forward, like fla's), with a per-head
+    parameter, under vmap through ``foldable``: the same outputs and gradients as a loop over the
+    models, folding into the heads (a per-model (H,) parameter) or into the batch (none)."""
+    from torch.func import vmap
+
+    from mixzoo.train.vmapfold import FoldError, FoldSpec, foldable
+
+    class Op(torch.autograd.Function):          # o = cumsum_t(q * v) * a[h], (B, T, H, D)
+        @staticmethod
+        def forward(ctx, q, v, a):
+            ctx.save_for_backward(q, v, a)
+            return (q * v).cumsum(1) * a[:, None]
+
+        @staticmethod
+        def backward(ctx, do):
+            q, v, a = ctx.saved_tensors
+            g = (do * a[:, None]).flip(1).cumsum(1).flip(1)
+            return g * v, g * q, (do * (q * v).cumsum(1)).sum((0, 1, 3))
+
+    def op(q, v, *, a):
+        return Op.apply(q, v, a), None
+
+    torch.manual_seed(0)
+    K, B, T, H, D = 3, 2, 5, 4, 3
+    q, v = torch.randn(K, B, T, H, D, dtype=torch.float64, requires_grad=True), torch.randn(K, B, T, H, D, dtype=torch.float64)
+    a = torch.randn(K, H, dtype=torch.float64, requires_grad=True)
+    ref = torch.stack([op(q[k], v[k], a=a[k])[0] for k in range(K)])
+    gq, ga = torch.autograd.grad(ref.square().sum(), (q, a))
+    heads = foldable(op, "op", FoldSpec(frozenset({"a"})))
+    out = vmap(lambda q, v, a: heads(q, v, a=a)[0])(q, v, a)
+    torch.testing.assert_close(out, ref)
+    for got, want in zip(torch.autograd.grad(out.square().sum(), (q, a)), (gq, ga)):
+        torch.testing.assert_close(got, want)
+    shared = a[0].detach()                       # one parameter for every model: folds into the batch
+    batch = foldable(op, "op")
+    out = vmap(lambda q, v: batch(q, v, a=shared)[0])(q, v)
+    torch.testing.assert_close(out, torch.stack([op(q[k], v[k], a=shared)[0] for k in range(K)]))
+    with pytest.raises(FoldError, match="needs a FoldSpec"):      # a per-model parameter not declared
+        vmap(lambda q, v, a: batch(q, v, a=a)[0])(q, v, a)
+    assert batch(q[0], v[0], a=shared)[0].shape == (B, T, H, D)  # outside vmap: the op itself
+
+
+def test_gdn_s_fused_gate_is_rewritten_to_fold_into_the_batch():
+    """fla's chunk_gated_delta_rule with its gate in the kernel (per-model A_log, dt_bias of shape (H,))
+    is called, under vmap, with the gate computed outside: one call on K*B sequences, the numbers of a
+    loop over the models calling it with the gate inside."""
+    import torch.nn.functional as F
+    from torch.func import vmap
+
+    from mixzoo.train.vmapfold import foldable
+
+    class Core(torch.autograd.Function):       # o = v * cumsum_t(g), (B, T, H, D); ctx in forward
+        @staticmethod
+        def forward(ctx, v, g):
+            assert v.shape[0] == 6 or not torch._C._are_functorch_transforms_active()
+            ctx.save_for_backward(v, g)
+            return v * g.cumsum(1)[..., None]
+
+        @staticmethod
+        def backward(ctx, do):
+            v, g = ctx.saved_tensors
+            return do * g.cumsum(1)[..., None], (do * v).sum(-1).flip(1).cumsum(1).flip(1)
+
+    def chunk_gated_delta_rule(q, k, v, g=None, beta=None, scale=None, use_gate_in_kernel=False,
+                               A_log=None, dt_bias=None):
+        if use_gate_in_kernel:
+            g = -A_log.float().exp() * F.softplus(g.float() + dt_bias)
+        return Core.apply(v, g), None
+
+    torch.manual_seed(0)
+    K, B, T, H, D = 3, 2, 5, 4, 3
+    v, a = torch.randn(K, B, T, H, D, requires_grad=True), torch.randn(K, B, T, H, requires_grad=True)
+    A_log, dt = torch.randn(K, H, requires_grad=True), torch.randn(K, H, requires_grad=True)
+    ref = torch.stack([chunk_gated_delta_rule(v[k], v[k], v[k], g=a[k], use_gate_in_kernel=True, A_log=A_log[k],
+                                              dt_bias=dt[k])[0] for k in range(K)])
+    want = torch.autograd.grad(ref.square().sum(), (v, a, A_log, dt))
+    op = foldable(chunk_gated_delta_rule)
+    out = vmap(lambda v, a, A, d: op(v, v, v, g=a, scale=1.0, use_gate_in_kernel=True, A_log=A, dt_bias=d)[0])(
+        v, a, A_log, dt)
+    torch.testing.assert_close(out, ref)
+    for got, w in zip(torch.autograd.grad(out.square().sum(), (v, a, A_log, dt)), want):
+        torch.testing.assert_close(got, w)
+
+
+def test_folding_sends_sdpa_through_one_call():
+    """Under ``folding()``, SDPA inside vmap is one call on the folded batch (no per-model loop,
+    which CPU SDPA's missing batching rule would warn about), equal to the loop; outside, unchanged."""
+    import warnings
+
+    import torch.nn.functional as F
+    from torch.func import vmap
+
+    from mixzoo.train.vmapfold import folding
+    orig = F.scaled_dot_product_attention
+    q = torch.randn(3, 2, 2, 6, 4)
+    with folding(), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = vmap(lambda x: F.scaled_dot_product_attention(x, x, x, is_causal=True))(q)
+    assert F.scaled_dot_product_attention is orig
+    torch.testing.assert_close(out, torch.stack([orig(x, x, x, is_causal=True) for x in q]))

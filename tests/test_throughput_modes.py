@@ -1,0 +1,168 @@
+"""Step modes on the CPU: the config field, graphed's selection and fallback (CUDA graphs cannot be
+captured here, so a graphed run is the eager one, unchanged, and says why), ``mixzoo bench
+throughput``'s step-mode matrix at the tiny shape, the MAD projection, and the step profiler."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from mixzoo.cli import main
+from mixzoo.errors import UsageError
+from mixzoo.models import ModelConfig
+from mixzoo.tasks.mqar import MQAR
+from mixzoo.train import TrainConfig, train
+from mixzoo.train.graphed import Stepper, select_mode
+
+ROOT = Path(__file__).resolve().parents[1]
+TASK = MQAR(V=32, L=16, kv=2)
+MCFG = ModelConfig(d_model=16, num_heads=2)
+BASE = dict(steps=6, batch_size=4, eval_every=3, n_train=32, n_val=8, n_test=8, eval_batch_size=8)
+TIMING = ("steps_per_s", "train_time_s")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_step_mode_field():
+    assert TrainConfig().step_mode == "eager"
+    with pytest.raises(UsageError, match="step_mode='fast'; allowed: eager, graphed, stacked, stacked"):
+        TrainConfig(step_mode="fast")
+    # how a step runs is not part of a configuration's identity (hparams_json groups by it)
+    assert "step_mode" not in TrainConfig(step_mode="graphed").as_dict()
+
+
+def test_graphed_selection_and_its_reasons():
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert select_mode(TrainConfig(step_mode="graphed"), cuda) == ("graphed", "")
+    assert select_mode(TrainConfig(), cuda) == ("eager", "")
+    for cfg, dev, why in ((TrainConfig(step_mode="graphed"), cpu, "CUDA device"),
+                          (TrainConfig(step_mode="graphed", compile="reduce-overhead"), cuda, "compile="),
+                          (TrainConfig(step_mode="graphed", optimizer="muon"), cuda, "fused AdamW only"),
+                          (TrainConfig(step_mode="graphed", wd_anneal_gamma=2.0), cuda, "wd_anneal_gamma"),
+                          (TrainConfig(step_mode="stacked"), cuda, None)):
+        mode, reason = select_mode(cfg, dev)
+        if why is None:
+            assert mode == "stacked" and reason == ""
+        else:
+            assert mode == "eager" and why in reason
+    assert select_mode(TrainConfig(step_mode="graphed"), cuda, callbacks=[object()])[0] == "eager"
+
+
+def test_graphed_on_the_cpu_is_the_eager_run_unchanged():
+    logs: list[str] = []
+    eager = train(TASK, "softmax", {}, MCFG, TrainConfig(**BASE), seed=1, device="cpu")
+    graphed = train(TASK, "softmax", {}, MCFG, TrainConfig(step_mode="graphed", **BASE), seed=1, device="cpu",
+                    log=logs.append)
+    assert graphed.step_mode == "eager" and graphed.step_mode_reason == "CUDA graphs need a CUDA device"
+    assert any("running eager: CUDA graphs need a CUDA device" in ln for ln in logs)
+    strip = lambda h: [{k: v for k, v in x.items() if k not in TIMING} for x in h]      # noqa: E731
+    assert strip(graphed.history) == strip(eager.history)          # bitwise: the same eager run
+    assert graphed.test == eager.test and graphed.val == eager.val and graphed.steps == eager.steps
+
+
+@pytest.mark.parametrize("mixer", ["softmax", "gdn"])
+def test_the_graphed_loop_run_eagerly_gives_the_eager_numbers(mixer):
+    """The graphed loop's own step (device step counter, schedule table, fused AdamW with a tensor
+    learning rate), run eagerly as it is on a CPU, against the Lightning run: same losses, scores."""
+    from mixzoo.train.graphed import train_graphed
+    eager = train(TASK, mixer, {}, MCFG, TrainConfig(**BASE), seed=2, device="cpu")
+    loop = train_graphed(TASK, mixer, {}, MCFG, TrainConfig(step_mode="graphed", **BASE), 2, torch.device("cpu"))
+    assert loop.state == "COMPLETE" and loop.steps == eager.steps and loop.best_step == eager.best_step
+    for a, b in zip(eager.history, loop.history):
+        assert a["step"] == b["step"] and a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
+    assert loop.test["loss"] == pytest.approx(eager.test["loss"], rel=1e-5)
+
+
+def test_stepper_runs_eagerly_without_cuda():
+    calls = []
+    s = Stepper(lambda: calls.append(1), torch.device("cpu"), capture=True)
+    for i in range(5):
+        s.run(i)
+    assert len(calls) == 5 and s.graph is None and not s.replayed and not s.capture
+
+
+def test_bench_throughput_step_modes_tiny(tmp_path, capsys):
+    out, md = tmp_path / "tp.json", tmp_path / "tp.md"
+    assert main(["bench", "throughput", "--shape", "tiny", "softmax", "--modes", "stacked",
+                 "--K", "2", "--procs", "2", "--pack", "stacked:2", "--steps", "4", "--warmup", "2",
+                 "--out", str(out), "--md", str(md), "--device", "cpu"]) == 0
+    text = capsys.readouterr().out
+    res = json.loads(out.read_text())
+    cells = {(r["mode"], r["K"], r["P"]): r for r in res["rows"]}
+    assert set(cells) == {("eager", 1, 1), ("stacked", 2, 1), ("stacked", 2, 2)}    # eager: always, the baseline
+    for r in cells.values():
+        assert r["state"] == "COMPLETE" and r["model_steps_per_s"] > 0 and r["backend"] == "sdpa", r
+        assert r["ran"] == r["mode"] and r["peak_mem_bytes"] > 0
+    assert 0 <= cells[("stacked", 2, 2)]["overlap"] <= 1
+    assert "| tiny | softmax (sdpa) | eager | 1 | 1 |" in text and "1.00x" in text
+    assert "| tiny | softmax (sdpa) | stacked | 2 | 2 |" in md.read_text()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
+
+
+def test_bench_throughput_refuses_bad_cells():
+    import argparse
+
+    from mixzoo.bench import cli, throughput
+    p = argparse.ArgumentParser()
+    cli.configure("bench", p)
+    for argv, msg in ((["--shape", "huge"], "shape 'huge'"), (["--shape", "tiny", "--modes", "fast"], "step mode 'fast'"),
+                      (["--shape", "tiny", "--pack", "eager:4"], "K > 1 needs a stacked mode"),
+                      (["--shape", "tiny", "--K", "x"], "integers")):
+        with pytest.raises(UsageError, match=msg):
+            throughput.main(p.parse_args(["throughput", *argv]))
+
+
+def _synthetic_rates():
+    rows = []
+    for mixer, base in (("softmax", 100.0), ("gdn", 50.0)):
+        for mode, K, P, x in (("eager", 1, 1, 1.0), ("graphed", 1, 1, 2.0), ("stacked", 8, 1, 6.0),
+                              ("stacked+graphed", 8, 4, 12.0)):
+            rows.append(dict(shape="mad", mixer=mixer, mode=mode, K=K, P=P, state="COMPLETE",
+                             model_steps_per_s=base * x))
+    rows.append(dict(shape="mqar512", mixer="softmax", mode="eager", K=1, P=1, state="COMPLETE", model_steps_per_s=1.0))
+    rows.append(dict(shape="mad", mixer="gdn", mode="stacked", K=16, P=1, state="FAIL", model_steps_per_s=float("nan")))
+    return {"device": "synthetic", "rows": rows}
+
+
+def test_mad_projection_from_a_rates_file(tmp_path, capsys):
+    from mixzoo.bench.throughput import mad_protocol, project_mad, projection_table
+    work = 66 * (6 + 3) * 20_000 * 2.3          # the README's projection: softmax at 101.5 steps/s -> 74.8 h
+    assert mad_protocol() == pytest.approx(work)
+    assert work / 101.5 / 3600 == pytest.approx(74.8, abs=0.05)
+    assert 1.0 < mad_protocol("settings") / (66 * 9 * 20_000) < 2.3      # each setting's own length and size
+    p = project_mad(_synthetic_rates())
+    assert p["hours"]["softmax"]["eager"] == pytest.approx(work / 100 / 3600)
+    assert p["hours"]["gdn"]["stacked+graphed K=8 x 4 procs"] == pytest.approx(work / 600 / 3600)
+    assert "stacked K=16" not in p["hours"]["gdn"]                 # failed cells are left out
+    assert p["best_cell"]["gdn"] == "stacked+graphed K=8 x 4 procs"
+    assert p["total"]["eager"] == pytest.approx(work / 3600 * (1 / 100 + 1 / 50))
+    assert p["total_best"] == pytest.approx(work / 3600 * (1 / 1200 + 1 / 600))
+    text = projection_table(p)
+    assert "| softmax |" in text and "| all |" in text and "fastest" in text
+    f = tmp_path / "rates.json"
+    f.write_text(json.dumps(_synthetic_rates()))
+    assert main(["bench", "throughput", "--project", str(f), "--md", str(tmp_path / "p.md")]) == 0
+    assert "| gdn |" in capsys.readouterr().out and (tmp_path / "p.md").exists()
+    assert math.isfinite(project_mad(f, variant="settings")["hours"]["softmax"]["eager"])
+
+
+def test_profile_step_runs_on_the_cpu(tmp_path):
+    spec = importlib.util.spec_from_file_location("profile_step", ROOT / "benchmarks" / "profile_step.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--shape", "tiny", "--mixers", "softmax", "--stacked", "2", "--steps", "1", "--warmup", "1",
+                     "--top", "4", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    md = (tmp_path / "profile_step.md").read_text()
+    assert "softmax (sdpa), eager, shape tiny" in md and "stacked K=2" in md and "`aten::" in md
+    res = json.loads((tmp_path / "profile_step.json").read_text())["results"]
+    assert all(r["kind"] == "cpu" and r["ops_per_step"] > 0 and len(r["top"]) == 4 for r in res.values())
