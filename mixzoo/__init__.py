@@ -18,5 +18,17 @@ def run(*args, **kwargs):
     return _run(*args, **kwargs)
 
 
-__all__ = ["UsageError", "get_mixer", "get_task", "mixers", "register_mixer", "register_task",
-           "run", "tasks"]
+def load(results="mixzoo-results", **kwargs):
+    """The leaderboard as a pandas DataFrame; see :func:`mixzoo.leaderboard.load`."""
+    from .leaderboard import load as _load
+    return _load(results, **kwargs)
+
+
+def load_curves(results="mixzoo-results", **kwargs):
+    """The runs' curves as a pandas DataFrame; see :func:`mixzoo.leaderboard.load_curves`."""
+    from .leaderboard import load_curves as _load_curves
+    return _load_curves(results, **kwargs)
+
+
+__all__ = ["UsageError", "get_mixer", "get_task", "load", "load_curves", "mixers", "register_mixer",
+           "register_task", "run", "tasks"]

@@ -1,22 +1,22 @@
 """The public Python API: run a mechanism on a task and land leaderboard rows.
 
-Hyperparameters are one flat dict: trainer keys (``lr``, ``steps``, ...), model keys
-(``d_model``, ``n_layers``, ...) and everything else goes to the mechanism's constructor.
-The data flow is one way: task → generator → trainer → metrics → leaderboard row.
+Input becomes one typed, frozen :class:`~mixzoo.spec.RunSpec` where it enters
+(:func:`mixzoo.spec.build`; hyperparameters as one flat dict: trainer keys (``lr``, ``steps``,
+...), backbone keys (``d_model``, ``n_layers``, ...), and everything else the mechanism's
+constructor knobs), which reaches the trainer and the row unchanged. The data flow is one way:
+task → generator → trainer → metrics → leaderboard row (and its curves).
 
 Input is checked once, where it enters, before anything is generated, trained or written:
-every hyperparameter is coerced to its declared type (:func:`coerce_hparams`), the mechanism is
-built once on the CPU at the run's width (a constructor refusing its knobs is bad input) and its
-causality checked on a short input (:func:`probe_mixer`), and the results directory must be one
-that can be written (:func:`check_results_dir`).
+every value is coerced to its declared type, the mechanism is built once on the CPU at the run's
+width (a constructor refusing its knobs is bad input) and its causality checked on a short input
+(:func:`probe_mixer`), and the results directory must be one that can be written
+(:func:`check_results_dir`).
 """
 from __future__ import annotations
 
 import datetime as _dt
 import functools
-import inspect
 import json
-import numbers
 import os
 import platform
 import socket
@@ -29,180 +29,50 @@ from typing import Any
 
 from .errors import UsageError
 from .registry import constructor_params, get_mixer, get_task
+from .spec import coerce_value, mixer_knob_types, simple_types  # noqa: F401  (their home was here)
 
-TRAIN_KEYS = {"steps", "batch_size", "lr", "weight_decay", "warmup_frac", "min_lr_frac",
-              "grad_clip", "eval_every", "eval_batch_size", "early_stop", "precision", "compile",
-              "n_train", "n_val", "n_test", "sparse_head", "optimizer", "schedule", "decay_frac",
-              "wd_anneal_gamma", "muon_lr", "muon_momentum"}
-MODEL_KEYS = {"d_model", "n_layers", "num_heads", "mlp", "mlp_mult", "norm", "tie_embeddings", "short_conv"}
+
+def _keys(which: str) -> frozenset[str]:
+    from .spec import config_types
+    return frozenset(config_types(which))
+
+
+def __getattr__(name: str):
+    # TRAIN_KEYS / MODEL_KEYS, once hand-kept lists, are now read from the dataclasses' fields
+    if name == "TRAIN_KEYS":
+        return _keys("train")
+    if name == "MODEL_KEYS":
+        return _keys("backbone")
+    raise AttributeError(name)
 
 
 def split_hparams(hp: dict[str, Any], recipe: str = "zoology"):
-    """Split a flat dict into (TrainConfig, ModelConfig, mixer knobs)."""
+    """(TrainConfig, ModelConfig, mechanism knobs given) of a flat dict: a trainer key, else a
+    backbone key, else a mechanism knob (typed as given; :func:`mixzoo.spec.build` types them)."""
     from .models import RECIPES, ModelConfig
     from .train import TrainConfig
     if recipe not in RECIPES:
         raise UsageError(f"unknown recipe {recipe!r}; allowed: {', '.join(sorted(RECIPES))}")
-    tr = {k: v for k, v in hp.items() if k in TRAIN_KEYS}
-    mo = {**RECIPES[recipe], **{k: v for k, v in hp.items() if k in MODEL_KEYS}}
-    mix = {k: v for k, v in hp.items() if k not in TRAIN_KEYS and k not in MODEL_KEYS}
+    train_k, model_k = _keys("train"), _keys("backbone")
+    tr = {k: v for k, v in hp.items() if k in train_k}
+    mo = {**RECIPES[recipe], **{k: v for k, v in hp.items() if k in model_k}}
+    mix = {k: v for k, v in hp.items() if k not in train_k and k not in model_k}
     return TrainConfig(**tr), ModelConfig(**mo), mix
 
 
 def mixer_knob_names(model: str) -> list[str] | None:
     """The constructor knobs a mechanism takes by name (None: it takes any, ``**kwargs``)."""
-    params = constructor_params(get_mixer(model).impl)
-    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+    from .spec import mixer_params
+    named, anykw = mixer_params(model)
+    if anykw:
         return None
-    named = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    return [n for i, (n, p) in enumerate(params.items()) if p.kind in named
-            and n not in ("d_model", "num_heads", "layer_idx")
-            and not (i == 0 and p.kind == p.POSITIONAL_OR_KEYWORD)]      # the first: the width
+    return list(named) + (["l_max"] if "l_max" in constructor_params(get_mixer(model).impl) else [])
 
 
 def check_mixer_knobs(model: str, knobs: dict[str, Any]) -> None:
-    allowed = mixer_knob_names(model)
-    if allowed is None:
-        return
+    from .spec import check_name
     for k in knobs:
-        if k not in allowed:
-            every = sorted(set(allowed) | TRAIN_KEYS | MODEL_KEYS)
-            raise UsageError(f"unknown hyperparameter {k!r} for {model}; allowed: {', '.join(every)}")
-
-
-# -- typed hyperparameters -----------------------------------------------------------------
-
-_NONE = type(None)
-_SIMPLE = {"int": int, "float": float, "bool": bool, "str": str, "None": _NONE, "NoneType": _NONE}
-_TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
-# TrainConfig.compile is a mode name, but specs may give a boolean (true: "default")
-_EXTRA_TYPES = {"compile": (bool,)}
-
-
-def simple_types(ann) -> tuple[type, ...] | None:
-    """The members of a type annotation among bool, int, float, str and None (``"float | None"``
-    -> (float, NoneType)); None for an absent annotation or one naming anything else."""
-    import types
-    import typing
-    if ann is inspect.Parameter.empty:
-        return None
-    if isinstance(ann, str):
-        txt = ann.replace(" ", "")
-        opt = txt.removeprefix("typing.")
-        if opt.startswith("Optional[") and opt.endswith("]"):
-            parts = [opt[len("Optional["):-1], "None"]
-        else:
-            parts = txt.split("|")
-        if not all(part in _SIMPLE for part in parts):
-            return None
-        return tuple(_SIMPLE[part] for part in parts)
-    if ann is None:
-        return (_NONE,)
-    if ann in (bool, int, float, str, _NONE):
-        return (ann,)
-    if typing.get_origin(ann) in (typing.Union, types.UnionType):
-        out: list[type] = []
-        for a in typing.get_args(ann):
-            r = simple_types(a)
-            if r is None:
-                return None
-            out += r
-        return tuple(out)
-    return None
-
-
-@functools.cache
-def _config_types(which: str) -> dict[str, tuple[type, ...] | None]:
-    import dataclasses
-    if which == "train":
-        from .train import TrainConfig as cls
-    else:
-        from .models import ModelConfig as cls
-    return {f.name: (None if (t := simple_types(f.type)) is None else t + _EXTRA_TYPES.get(f.name, ()))
-            for f in dataclasses.fields(cls)}
-
-
-def mixer_knob_types(model: str) -> dict[str, tuple[type, ...] | None]:
-    """Each named constructor knob's types: its annotation, else the type of its default."""
-    out = {}
-    for n, p in constructor_params(get_mixer(model).impl).items():
-        t = simple_types(p.annotation)
-        if t is None and p.default is not p.empty and p.default is not None:
-            t = simple_types(type(p.default))
-        if t is not None and p.default is None and _NONE not in t:
-            t = (*t, _NONE)
-        out[n] = t
-    return out
-
-
-def _describe(types: tuple[type, ...]) -> str:
-    names = {int: "an int", float: "a float", bool: "a bool (true, false, 1, 0, yes, no)", str: "a string",
-             _NONE: "none"}
-    return " or ".join(dict.fromkeys(names[t] for t in types))
-
-
-def coerce_value(v, types: tuple[type, ...] | None, what: str):
-    """``v`` as one of ``types`` (a string from the command line is parsed; ints are refused a
-    fractional value, floats take ints, booleans take true/false/1/0/yes/no); with ``types``
-    None, a string is read as a literal (``commands.literal``) and anything else kept."""
-    from .commands import literal
-    if types is None:
-        return literal(v) if isinstance(v, str) else v
-
-    def bad():
-        return UsageError(f"{what}={v!r}: not {_describe(types)}")
-    if v is None:
-        if _NONE in types:
-            return None
-        raise bad()
-    if isinstance(v, str):
-        low = v.strip().lower()
-        if _NONE in types and low in ("none", "null"):
-            return None
-        if bool in types and low in _TRUE + _FALSE and not (int in types and low in ("0", "1")):
-            return low in _TRUE
-        if int in types:
-            try:
-                return int(low)
-            except ValueError:
-                pass
-            try:
-                f = float(low)
-            except ValueError:
-                f = None
-            if f is not None and f.is_integer():
-                return int(f)
-        if float in types:
-            try:
-                return float(low)
-            except ValueError:
-                pass
-        if str in types:
-            return v
-        raise bad()
-    if isinstance(v, bool):
-        if bool in types:
-            return v
-        raise bad()
-    if isinstance(v, numbers.Integral):
-        if int in types:
-            return int(v)
-        if float in types:
-            return float(v)
-        if bool in types and v in (0, 1):
-            return bool(v)
-        if str in types:
-            return str(v)
-        raise bad()
-    if isinstance(v, numbers.Real):
-        if float in types:
-            return float(v)
-        if int in types and float(v).is_integer():
-            return int(v)
-        if str in types:
-            return str(v)
-        raise bad()
-    raise bad()
+        check_name(model, "mixer", k)
 
 
 def coerce_hparams(model: str, hparams: dict[str, Any], *, label: str = "hparams") -> dict[str, Any]:
@@ -210,13 +80,8 @@ def coerce_hparams(model: str, hparams: dict[str, Any], *, label: str = "hparams
     ModelConfig fields, and the mechanism's constructor knobs (annotation, else the default's
     type). Unknown keys are left for :func:`check_mixer_knobs`. A bad value is a UsageError like
     ``--hp lr='abc': not a float`` (``label`` is the prefix)."""
-    train_t, model_t = _config_types("train"), _config_types("model")
-    knob_t = mixer_knob_types(model)
-    out = {}
-    for k, v in hparams.items():
-        types = train_t.get(k) if k in TRAIN_KEYS else model_t.get(k) if k in MODEL_KEYS else knob_t.get(k)
-        out[k] = coerce_value(v, types, f"{label} {k}")
-    return out
+    from .spec import _section_of, typed
+    return {k: typed(model, _section_of(k), k, v, f"{label} {k}") for k, v in hparams.items()}
 
 
 # -- the results directory -----------------------------------------------------------------
@@ -318,46 +183,63 @@ def provenance() -> dict[str, Any]:
             "hostname": socket.gethostname()}
 
 
-def make_row(task, model: str, hparams: dict[str, Any], recipe: str, seed: int, result,
-             *, run_id: str, preset: str | None = None, study: str | None = None,
-             trial: int | None = None, command: str | None = None,
-             allow_noncausal: bool | None = None) -> dict[str, Any]:
+def make_row(spec, task, result, *, run_id: str, study: str | None = None, trial: int | None = None,
+             command: str | None = None, search_space: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The leaderboard row of one seed's run: ``spec`` (a :class:`~mixzoo.spec.RunSpec`, written
+    whole as ``spec_json``), ``task`` (its task object) and ``result`` (the trainer's RunResult).
+    ``search_space``: what was searched (a sweep's study), else the mechanism's registered space.
+    The run's curves travel with the row under ``history`` (not a column: the store writes them to
+    its curves table)."""
     from .leaderboard.schema import SCHEMA_VERSION
-    tcfg, mcfg, mix = split_hparams(hparams, recipe)
     metric = task.primary
+    hp = spec.hparams()
+    if search_space is None:
+        search_space = get_mixer(spec.model).search_space
     row = {
         "schema_version": SCHEMA_VERSION, "run_id": run_id,
         "created_at": _dt.datetime.now(_dt.UTC),
-        "suite": task.suite, "task": task.name, "task_version": task.version, "preset": preset,
-        "model": model, "backend": result.backend, "recipe": recipe, "seed": seed,
+        "suite": task.suite, "task": task.name, "task_version": task.version, "preset": spec.task_preset,
+        "setting": spec.setting,
+        "model": spec.model, "backend": result.backend, "recipe": spec.recipe, "seed": spec.seed,
         "metric_name": metric.name, "metric_value": result.test.get(metric.name),
         "higher_is_better": metric.higher_is_better,
         "val_metric_value": result.val.get(metric.name),
         "state": result.state, "state_reason": result.reason or None,
         "study": study, "trial": trial,
-        "knobs_json": json.dumps(task.knobs(), sort_keys=True),
-        "hparams_json": json.dumps({**tcfg.as_dict(), **mcfg.as_dict(), **mix}, sort_keys=True,
-                                   default=str),
+        "knobs_json": json.dumps(dict(spec.task_knobs), sort_keys=True),
+        "hparams_json": json.dumps(hp, sort_keys=True, default=str),
+        "spec_json": spec.to_json(), "spec_hash": spec.hash, "config_hash": spec.config_hash,
+        "search_space_json": json.dumps(search_space, default=str),      # in its own order: the label's
         "metrics_json": json.dumps(result.test, sort_keys=True),
         "val_metrics_json": json.dumps(result.val, sort_keys=True),
-        "lr": tcfg.lr, "weight_decay": tcfg.weight_decay, "batch_size": tcfg.batch_size,
-        "optimizer": tcfg.optimizer, "schedule": tcfg.schedule,
+        "lr": spec.train["lr"], "weight_decay": spec.train["weight_decay"], "batch_size": spec.train["batch_size"],
+        "optimizer": spec.train["optimizer"], "schedule": spec.train["schedule"],
         "diagnostics_json": json.dumps(result.diagnostics, sort_keys=True) if result.diagnostics else None,
         "steps": result.steps, "best_step": result.best_step,
-        "d_model": mcfg.d_model, "n_layers": mcfg.n_layers, "num_heads": mcfg.num_heads,
+        "d_model": spec.backbone["d_model"], "n_layers": spec.backbone["n_layers"],
+        "num_heads": spec.backbone["num_heads"],
         "params": result.params, "state_size": result.state_size,
         "wall_time_s": result.wall_time_s, "train_time_s": result.train_time_s,
         "steps_per_s": result.steps_per_s, "tokens_per_s": result.tokens_per_s,
         "peak_mem_bytes": result.peak_mem_bytes, "device_name": result.device_name,
-        "command": command, "allow_noncausal": allow_noncausal,
+        "command": command, "allow_noncausal": spec.allow_noncausal,
         **provenance(),
     }
-    for k, v in task.knobs().items():
+    for k, v in spec.task_knobs.items():
         row[f"knob_{k}"] = v
-    for k, v in mix.items():
+    for k, v in hp.items():
         if isinstance(v, (bool, int, float, str)):
             row[f"hp_{k}"] = v
+    row["history"] = list(result.history)
     return row
+
+
+def write_results(results: str | Path, rows: list[dict[str, Any]]):
+    """Write one run's rows (and their curves) into the store, every file with the columns the
+    registry declares (:func:`mixzoo.spec.known_columns`)."""
+    from .leaderboard import write_rows
+    from .spec import known_columns
+    return write_rows(results, rows, columns=known_columns())
 
 
 def make_task(task: str, knobs: dict[str, Any] | None = None, preset: str | None = None):
@@ -369,49 +251,62 @@ def run(task: str, model: str, *, knobs: dict[str, Any] | None = None, preset: s
         results: str | Path | None = "mixzoo-results", device: str | None = "auto",
         study: str | None = None, trial: int | None = None, command: str | None = None,
         log: Callable[[str], None] | None = None, on_eval=None,
-        allow_noncausal: bool = False) -> list[dict[str, Any]]:
+        allow_noncausal: bool = False, search_space: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Train ``model`` on ``task`` once per seed; write one leaderboard file; return rows.
 
-    Everything is validated before any data is generated or training starts, and nothing is
-    written on bad input (a UsageError): hyperparameters are coerced to their declared types, the
-    results directory must be writable, and the mechanism is built once on the CPU (its
-    constructor refusing the knobs is bad input) and checked causal on a short input; a leaky
-    mechanism is refused unless ``allow_noncausal`` (recorded in the rows). A seed whose run fails
-    (divergence, or the mechanism raising in training) is a row with state FAIL and its
-    ``state_reason``; the other seeds still run.
+    The input is resolved into a typed :class:`~mixzoo.spec.RunSpec` first (:func:`mixzoo.spec.build`:
+    ``knobs`` over ``preset`` for the task; ``hparams`` flat: a trainer key, else a backbone key,
+    else a mechanism knob), then run by :func:`run_spec`.
+    """
+    from .spec import build
+    spec = build(task, model, knobs=knobs, preset=preset, hparams=hparams, recipe=recipe,
+                 allow_noncausal=allow_noncausal)
+    return run_spec(spec, seeds=seeds, results=results, device=device, study=study, trial=trial,
+                    command=command, log=log, on_eval=on_eval, search_space=search_space)
+
+
+def run_spec(spec, *, seeds=None, results: str | Path | None = "mixzoo-results", device: str | None = "auto",
+             study: str | None = None, trial: int | None = None, command: str | None = None,
+             log: Callable[[str], None] | None = None, on_eval=None,
+             search_space: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Run a :class:`~mixzoo.spec.RunSpec` once per seed (``seeds``; default the spec's own) and
+    write one leaderboard file (and its curves) unless ``results`` is None; return the rows.
+
+    Everything is checked before any data is generated or training starts, and nothing is written
+    on bad input (a UsageError): the results directory must be writable, and the mechanism is built
+    once on the CPU (its constructor refusing the knobs is bad input) and checked causal on a short
+    input; a leaky mechanism is refused unless the spec allows it (recorded in the rows). A seed
+    whose run fails (divergence, or the mechanism raising in training) is a row with state FAIL and
+    its ``state_reason``; the other seeds still run. The spec reaches the trainer and the row as is.
     """
     from .registry import wants_l_max
     from .train import train
-    t = make_task(task, knobs, preset)
-    spec = get_mixer(model)
-    hp = dict(hparams or {})
-    check_mixer_knobs(model, {k: v for k, v in hp.items() if k not in TRAIN_KEYS and k not in MODEL_KEYS})
-    hp = coerce_hparams(model, hp)
-    tcfg, mcfg, mix = split_hparams(hp, recipe)
+    t = spec.make_task()
+    mspec = get_mixer(spec.model)
     if t.kind == "training-free":
-        raise UsageError(f"task {task!r} is training-free; run it with 'mixzoo {task}'")
+        raise UsageError(f"task {spec.task!r} is training-free; run it with 'mixzoo {spec.task}'")
     if results is not None:
         check_results_dir(results)
-    probe = probe_mixer(model, mix, mcfg.d_model, mcfg.num_heads, seq_len=t.seq_len,
-                        allow_noncausal=allow_noncausal, log=log)
-    build_knobs = dict(mix)
-    if wants_l_max(spec) and "l_max" not in build_knobs:      # zoology's constructors take the length
+    probe = probe_mixer(spec.model, dict(spec.mixer_knobs), spec.backbone["d_model"], spec.backbone["num_heads"],
+                        seq_len=t.seq_len, allow_noncausal=spec.allow_noncausal, log=log)
+    build_knobs = dict(spec.mixer_knobs)
+    if wants_l_max(mspec) and "l_max" not in build_knobs:      # zoology's constructors take the length
         build_knobs["l_max"] = t.seq_len
+    tcfg, mcfg = spec.train_config(), spec.model_config()
     run_id = uuid.uuid4().hex[:16]
     rows = []
-    for s in seeds:
+    for s in (spec.seed,) if seeds is None else seeds:
+        s_spec = spec.with_seed(int(s))
         if log:
-            log(f"{t.name} [{preset or 'custom'}] × {model} seed {s}")
-        res = train(t, model, build_knobs, mcfg, tcfg, seed=int(s), device=device, log=log,
+            log(f"{t.name} [{spec.task_preset or 'custom'}] × {spec.model} seed {s}")
+        res = train(t, spec.model, build_knobs, mcfg, tcfg, seed=int(s), device=device, log=log,
                     on_eval=on_eval)
         if probe["has_backend"] is False and res.backend == "torch":
-            res.backend = spec.impl.__name__          # no 'backend' attribute: the class names the path
-        rows.append(make_row(t, model, hp, recipe, int(s), res, run_id=f"{run_id}-s{s}",
-                             preset=preset, study=study, trial=trial, command=command,
-                             allow_noncausal=bool(allow_noncausal)))
+            res.backend = mspec.impl.__name__          # no 'backend' attribute: the class names the path
+        rows.append(make_row(s_spec, t, res, run_id=f"{run_id}-s{s}", study=study, trial=trial,
+                             command=command, search_space=search_space))
     if results is not None:
-        from .leaderboard import write_rows
-        write_rows(results, rows)
+        write_results(results, rows)
     return rows
 
 
@@ -420,4 +315,4 @@ def command_line() -> str:
 
 
 __all__ = ["check_mixer_knobs", "check_results_dir", "coerce_hparams", "make_row", "make_task",
-           "probe_mixer", "provenance", "run", "split_hparams"]
+           "probe_mixer", "provenance", "run", "run_spec", "split_hparams", "write_results"]

@@ -33,10 +33,15 @@ class CheckResult:
         return self.status != "fail"
 
 
+TRAILING = "names"         # names after the options are mechanism names too
+
+
 def configure(name: str, p) -> None:
-    p.add_argument("names", nargs="*", help="mechanisms to check (default: all registered)")
-    p.add_argument("--knob", action="append", metavar="KEY=V",
-                   help="constructor knob passed to every checked mechanism (repeatable)")
+    p.add_argument("names", nargs="*", metavar="NAME[:KEY=V,...]",
+                   help="mechanisms to check (default: all registered), optionally with their knobs")
+    p.add_argument("--models", help="the same mechanisms, comma-separated (as elsewhere)")
+    p.add_argument("--set", "--hp", "--knob", dest="knob", action="append", metavar="KEY=V",
+                   help="constructor knob passed to every checked mechanism (repeatable; mixer.KEY=V too)")
     p.add_argument("--seq-len", type=int, default=33, help="length of the test inputs (default 33)")
     p.add_argument("--d-model", type=int, default=32, help="width of the test inputs (default 32)")
     p.add_argument("--heads", type=int, default=2, help="heads (default 2)")
@@ -345,17 +350,23 @@ def _device(arg: str) -> str:
 
 
 def main(args) -> int:
-    from .commands import literal, parse_pairs
+    from .commands import literal, parse_pairs, split_model
     from .registry import get_mixer, mixers
-    names = list(args.names) or list(mixers())
+    given = [*args.names, *[m.strip() for m in (args.models or "").split(",") if m.strip()]]
+    per_name: dict[str, dict] = {}
+    for text in given:
+        n, items = split_model(text)
+        per_name.setdefault(n, {}).update({k: literal(v) for k, v in parse_pairs(items, f"{n}:").items()})
+    names = list(per_name) or list(mixers())
     for n in names:
         get_mixer(n)                       # unknown name -> usage error naming the allowed ones
-    knobs = {k: literal(v) for k, v in parse_pairs(args.knob, "--knob").items()}
+    shared = {k.removeprefix("mixer."): literal(v) for k, v in parse_pairs(args.knob, "--set").items()}
     device = _device(getattr(args, "device", "auto"))
     print(f"check-mixer: {len(names)} mechanism(s) on {device} "
           f"(B=2, T={args.seq_len}, d={args.d_model}, {args.heads} heads)", flush=True)
     failed: list[str] = []
     for n in names:
+        knobs = {**shared, **per_name.get(n, {})}
         results = check_mixer(n, knobs=knobs, device=device, d_model=args.d_model, num_heads=args.heads,
                               seq_len=args.seq_len)
         bad = [r.check for r in results if not r.ok]

@@ -22,6 +22,7 @@ COMMANDS = {
     "check-zoo": ("mixzoo.zoo", "train every mechanism on every task family and recipe, briefly"),
     "sweep": ("mixzoo.sweeps.cli", "Optuna sweep from a spec; best config over seeds"),
     "compare": ("mixzoo.sweeps.cli", "sweep mechanisms over one difficulty axis"),
+    "reproduce": ("mixzoo.reproduce.cli", "run a paper figure at a scale; ours beside the paper's, a verdict per claim"),
     "ttr": ("mixzoo.train.ttr", "training-free piecewise test-time regression"),
     "leaderboard": ("mixzoo.leaderboard.cli", "show, plot, export or report the leaderboard"),
     "bench": ("mixzoo.bench.cli", "benchmarks: kernels, mixers, throughput"),
@@ -34,6 +35,16 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):
         sys.stderr.write(f"{self.prog}: error: {message}\n")
         raise SystemExit(2)
+
+
+def deprecated(new: str, note: str = ""):
+    """An argparse action for an old option name: stores like ``new`` and says so on stderr once."""
+    class Deprecated(argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            sys.stderr.write(f"mixzoo: warning: {option_string} is deprecated; use {new}{note} "
+                             f"(the old spelling goes in the next release)\n")
+            setattr(namespace, self.dest, values)
+    return Deprecated
 
 
 def _global_options(p, *, top: bool) -> None:

@@ -19,28 +19,25 @@ def parse_pairs(items: list[str] | None, what: str) -> dict[str, str]:
 
 def literal(v: str):
     """'3' -> 3, '1e-3' -> 0.001, 'true' -> True, else the string."""
-    low = v.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    if low in ("none", "null"):
-        return None
-    for t in (int, float):
-        try:
-            return t(v)
-        except ValueError:
-            pass
-    return v
+    from .spec import literal as _literal
+    return _literal(v)
 
 
 def configure(name: str, p) -> None:
     if name == "run":
-        p.add_argument("task", help="task name (see 'mixzoo tasks')")
-        p.add_argument("--model", "-m", required=True, help="mechanism (see 'mixzoo models')")
-        p.add_argument("--set", action="append", metavar="KNOB=V", help="task knob")
+        p.add_argument("task", nargs="?", help="task name (see 'mixzoo tasks'); or give --spec")
+        p.add_argument("--model", "-m", metavar="M[:KEY=V,...]",
+                       help="mechanism (see 'mixzoo models'), optionally with its knobs (lla:ridge=2)")
+        p.add_argument("--set", action="append", metavar="KEY=V",
+                       help="a task knob (kv=4) or a hyperparameter (lr=3e-3, d_model=64, ridge=2); "
+                            "qualify to pick the section: task.K, train.K, backbone.K (or model.K), mixer.K")
         p.add_argument("--hp", action="append", metavar="KEY=V",
-                       help="hyperparameter: trainer (steps, lr...), model (d_model...) or mechanism knob")
+                       help="the same, never a task knob: trainer (steps, lr...), backbone (d_model...) "
+                            "or mechanism knob")
+        p.add_argument("--spec", metavar="FILE", help="a run spec file (.toml or .json: the shape of a row's "
+                                                      "spec_json); the other options override it")
         p.add_argument("--preset", help="task preset (see 'mixzoo tasks')")
-        p.add_argument("--recipe", default="zoology", help="backbone recipe: zoology or mad")
+        p.add_argument("--recipe", default=None, help="backbone recipe: zoology (default), based or mad")
         p.add_argument("--seed", type=int, action="append", help="seed (repeatable; default 0)")
         p.add_argument("--lr", type=float)
         p.add_argument("--optimizer", choices=("adamw", "muon"),
@@ -65,30 +62,67 @@ def _log(msg: str) -> None:
     print(msg, flush=True)
 
 
-# the flags that set a hyperparameter; the same key in --hp must agree
-FLAG_KEYS = (("lr", "--lr"), ("steps", "--steps"), ("batch_size", "--batch-size"), ("d_model", "--d-model"),
-             ("optimizer", "--optimizer"), ("schedule", "--schedule"))
+# the flags that set a hyperparameter: (spec section, key, flag); the same key elsewhere must agree
+FLAG_KEYS = (("train", "lr", "--lr"), ("train", "steps", "--steps"), ("train", "batch_size", "--batch-size"),
+             ("backbone", "d_model", "--d-model"), ("train", "optimizer", "--optimizer"),
+             ("train", "schedule", "--schedule"))
+
+
+def split_model(text: str) -> tuple[str, list[str]]:
+    """``lla:ridge=2,rope=false`` -> ("lla", ["ridge=2", "rope=false"])."""
+    name, _, rest = text.partition(":")
+    return name.strip(), [it for it in rest.split(",") if it.strip()] if rest else []
+
+
+def run_spec_of(args):
+    """The command line of ``mixzoo run`` as a RunSpec: a thin parser over :func:`mixzoo.spec.build`.
+    Every ``KEY=VALUE`` (``--set``, ``--hp``, ``--model M:K=V``, a flag such as ``--lr``) is sorted into
+    the spec's sections; a spec file (``--spec``) gives the rest."""
+    from .spec import Assignments, assign, build, from_mapping, read_spec_file
+    base: dict = {}
+    if args.spec:
+        where = f"run spec {args.spec}"
+        base = from_mapping(read_spec_file(args.spec), where=where)
+        if base["task"] and base["model"]:
+            build(**base, label=where)          # the file's own values checked, named as the file's
+    model_text = args.model or base.get("model")
+    task = args.task or base.get("task")
+    if not task:
+        raise UsageError("run needs a TASK (or --spec FILE naming one); see 'mixzoo tasks'")
+    if not model_text:
+        raise UsageError("run needs --model M (or --spec FILE naming one); see 'mixzoo models'")
+    model, model_knobs = split_model(model_text)
+    a = Assignments()
+    assign(a, task, model, args.set, "--set")
+    assign(a, task, model, args.hp, "--hp", bare="hp")
+    assign(a, task, model, model_knobs, f"--model {model}:", bare="mixer")
+    for sec, key, flag in FLAG_KEYS:
+        val = getattr(args, key)
+        if val is not None:
+            a.add(sec, key, val, flag, f"{flag} {val}")
+    typed = a.resolve(model)
+    same_task = base.get("task") in (None, task)
+    same_model = base.get("model") in (None, model)
+    preset = args.preset if args.preset is not None else (base.get("preset") if same_task else None)
+    knobs = {**(base.get("knobs", {}) if same_task and args.preset is None else {}), **typed["task"]}
+    return build(task, model, knobs=knobs, preset=preset,
+                 train={**base.get("train", {}), **typed["train"]},
+                 backbone={**base.get("backbone", {}), **typed["backbone"]},
+                 mixer={**(base.get("mixer", {}) if same_model else {}), **typed["mixer"]},
+                 recipe=args.recipe or base.get("recipe", "zoology"),
+                 seed=(args.seed or [base.get("seed", 0)])[0],
+                 allow_noncausal=args.allow_noncausal or base.get("allow_noncausal", False),
+                 label=f"run spec {args.spec}" if args.spec else "--hp")
 
 
 def run(args) -> int:
-    from .api import coerce_hparams, command_line
-    from .api import run as api_run
-    raw = parse_pairs(args.hp, "--hp")
-    hp = coerce_hparams(args.model, raw, label="--hp")
-    for key, flag in FLAG_KEYS:
-        val = getattr(args, key)
-        if val is None:
-            continue
-        if key in hp and hp[key] != val:
-            raise UsageError(f"{flag} {val} conflicts with --hp {key}={raw[key]}; give one of them")
-        hp[key] = val
-    rows = api_run(args.task, args.model, knobs=parse_pairs(args.set, "--set"),
-                   preset=args.preset, hparams=hp, recipe=args.recipe,
-                   seeds=args.seed or [0], results=args.results, device=args.device,
-                   command=command_line(), log=_log, allow_noncausal=args.allow_noncausal)
+    from .api import command_line, run_spec
+    spec = run_spec_of(args)
+    rows = run_spec(spec, seeds=args.seed or [spec.seed], results=args.results, device=args.device,
+                    command=command_line(), log=_log)
     from .leaderboard.views import print_rows
     print_rows(rows)
-    print(f"rows written under {args.results}/leaderboard/", flush=True)
+    print(f"rows written under {args.results}/leaderboard/ (curves under {args.results}/curves/)", flush=True)
     failed = [r for r in rows if r["state"] != "COMPLETE"]
     for r in failed:    # one line each; the traceback, if any, went to the log above
         print(f"mixzoo: run failed: {r['model']} on {r['task']} seed {r['seed']}: {r['state']}: "

@@ -39,9 +39,12 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(argv, needle, tmp_pa
 
 def test_argparse_errors_are_one_line(capsys):
     with pytest.raises(SystemExit) as e:
-        main(["run"])
+        main(["run", "mqar", "--seed", "x"])
     assert e.value.code == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert main(["run"]) == 2           # no task (and no --spec): one line too
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs a TASK" in err[0]
 
 
 def test_tasks_and_models_list(capsys):

@@ -67,7 +67,8 @@ def test_best_view_equals_hand_computation_on_real_runs(real):
         assert rec["val_mean"] == pytest.approx(w["val"], abs=1e-12)
         assert (rec["n_seeds"], rec["n_configs"]) == (w["n"], w["configs"])
     assert {r["n_configs"] for r in v.records if r["model"] == "softmax"} == {2}
-    assert {r["setting"] for r in v.records} == {"kv=2", "kv=4"}
+    # one label per setting, stored with the row: the task's first three knobs (then any off its default)
+    assert {r["setting"] for r in v.records} == {"V=16, L=16, kv=2", "V=16, L=16, kv=4"}
 
 
 def test_best_is_chosen_on_validation_and_reported_on_test(real):
@@ -156,7 +157,8 @@ def test_filters(real):
     assert {r["model"] for r in filter_rows(real, models=["lla"])} == {"lla"}
     assert filter_rows(real, suite="mad") == [] and len(filter_rows(real, task="mqar")) == len(real)
     v = best_view(filter_rows(real, where={"kv": "4"}))
-    assert len(v.records) == 2 and {r["setting"] for r in v.records} == {"L=16, V=16, filler=vocab"}
+    # the same label whatever else is on screen (it read "L=16, V=16, filler=vocab" once filtered)
+    assert len(v.records) == 2 and {r["setting"] for r in v.records} == {"V=16, L=16, kv=4"}
 
 
 def test_old_rows_without_knob_columns_filter_by_knobs_json(full):

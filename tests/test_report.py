@@ -137,4 +137,4 @@ def test_report_takes_curves_from_a_file(tmp_path_factory, tmp_path):
     assert "Test-time regression" not in out.read_text()
     assert main(["--results", str(real), "leaderboard", "report", "--curves", str(curves), "--out", str(out)]) == 0
     page = out.read_text()
-    assert "Test-time regression" in page and page.count("data:image/png") == 3     # bars, mqar vs kv, ttr
+    assert "Test-time regression" in page and page.count("data:image/png") == 4     # bars, mqar vs kv, its curves, ttr

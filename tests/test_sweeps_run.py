@@ -45,11 +45,14 @@ def test_nan_trial_is_failed_and_sweep_goes_on(tmp_path, capsys):
     assert len(rows(res)) == 2
 
 
-def test_pruning_reports_at_global_step(tmp_path):
+def test_pruning_reports_at_global_step(tmp_path, capsys):
     spec = write_spec(tmp_path / "prune.toml", name="t-prune", models=["softmax"], trials=2, seeds=1,
                       extra='[pruner]\nkind = "threshold"\nlower = 2.0\n')
     res = tmp_path / "res"
-    assert main(["--results", str(res), "--device", "cpu", "sweep", str(spec)]) == 0
+    # a study that completed no trial (every one pruned) is not success: exit 1, naming the study
+    assert main(["--results", str(res), "--device", "cpu", "sweep", str(spec)]) == 1
+    err = capsys.readouterr().err
+    assert "study t-prune[-]/mqar/softmax/" in err and "completed no trial (2 pruned, 0 failed of 2)" in err
     st = studies(journal(res))
     assert len(st) == 1  # every trial pruned: no final study, no rows
     (trials,) = st.values()

@@ -51,7 +51,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     ok = write_spec(tmp_path / "ok.toml", name="t", models=["softmax"], trials=1, seeds=1)
     line = _err(capsys, [*sweep, str(ok), "--models", "nosuch"])
     assert "'nosuch'" in line and "softmax" in line and "lla" in line
-    line = _err(capsys, [*sweep, str(ok), "--preset", "huge"])
+    line = _err(capsys, [*sweep, str(ok), "--budget", "huge"])
     assert "'huge'" in line
     bad_knob = write_spec(tmp_path / "k.toml", name="t", models=["softmax"], trials=1, seeds=1,
                           settings="[{ L = 32, colour = 2 }]")

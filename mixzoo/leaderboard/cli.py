@@ -1,9 +1,10 @@
-"""``mixzoo leaderboard show|plot|export|report``.
+"""``mixzoo leaderboard show|plot|export|report``: one subcommand each, with its own ``--help``.
 
 show    print a view as a table (default: best configuration per mechanism and setting)
-plot    PNG figures: metric against a knob (axis), bars per task (bars), test-time regression (ttr)
+plot    PNG figures: metric against a knob (axis), bars per task (bars), test-time regression (ttr),
+        training curves (curves: loss and validation metric against step)
 export  a view as CSV or Markdown
-report  one self-contained HTML page of the whole leaderboard
+report  one self-contained HTML page of the whole leaderboard (curves included)
 """
 from __future__ import annotations
 
@@ -11,27 +12,59 @@ import sys
 
 from ..errors import UsageError
 
-ACTIONS = ("show", "plot", "export", "report")
+ACTIONS = {"show": "print a view of the leaderboard as a table",
+           "plot": "write PNG figures (metric against a knob, bars per task, ttr curves, training curves)",
+           "export": "write a view as CSV or Markdown",
+           "report": "write one self-contained HTML page of the whole leaderboard"}
 VIEWS = ("best", "pivot", "mad", "rank", "rows")
-KINDS = ("axis", "bars", "ttr")
+KINDS = ("axis", "bars", "ttr", "curves")
+
+
+def _filters(p) -> None:
+    p.add_argument("--suite", help="only this suite (e.g. mqar, mad)")
+    p.add_argument("--task", help="only this task")
+    p.add_argument("--models", "--model", dest="model", metavar="A,B",
+                   help="only these mechanisms (comma-separated)")
+    p.add_argument("--where", action="append", metavar="KNOB=V", help="only settings with this knob value (repeatable)")
+
+
+def _view(p) -> None:
+    p.add_argument("--view", choices=VIEWS, default=None, help="which table (default best)")
+    p.add_argument("--axis", help="pivot axis: a task knob (default: the knob with the most values)")
+    p.add_argument("--all", action="store_true", help="every row (same as --view rows)")
+
+
+def _ttr_curves(p) -> None:
+    p.add_argument("--curves", metavar="FILE.json", help="per-position MSE curves of test-time regression "
+                   "({name: [mse, ...]} or {'curves': {...}, 'segment_len': S}) instead of those in the store")
+    p.add_argument("--segment-len", type=int, help="mark segment boundaries every S positions (ttr)")
 
 
 def configure(name: str, p) -> None:
-    p.add_argument("action", choices=ACTIONS)
-    p.add_argument("--suite", help="only this suite (e.g. mqar, mad)")
-    p.add_argument("--task", help="only this task")
-    p.add_argument("--model", help="only these mechanisms (comma-separated)")
-    p.add_argument("--where", action="append", metavar="KNOB=V", help="only settings with this knob value (repeatable)")
-    p.add_argument("--view", choices=VIEWS, default=None, help="show/export: which table (default best)")
-    p.add_argument("--axis", help="pivot/plot axis: a task knob (default: the knob with the most values)")
-    p.add_argument("--all", action="store_true", help="show every row (same as --view rows)")
-    p.add_argument("--format", choices=("csv", "md"), default=None, help="export format (default from --out, else csv)")
-    p.add_argument("--kind", choices=KINDS, action="append", help="plot: which figure (repeatable; default axis and bars)")
-    p.add_argument("--curves", metavar="FILE.json", help="plot --kind ttr / report: per-position MSE curves "
-                   "({name: [mse, ...]} or {'curves': {...}, 'segment_len': S}) instead of those in the store")
-    p.add_argument("--segment-len", type=int, help="plot --kind ttr: mark segment boundaries every S positions")
-    p.add_argument("--out", help="export: file; plot: directory (default <results>/figures); "
-                                 "report: file (default <results>/report.html)")
+    from ..cli import _global_options
+    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True, parser_class=type(p))
+    for action, help_ in ACTIONS.items():
+        sp = sub.add_parser(action, help=help_, description=help_)
+        if action == "show":
+            _filters(sp)
+            _view(sp)
+        elif action == "export":
+            _filters(sp)
+            _view(sp)
+            sp.add_argument("--format", choices=("csv", "md"), default=None,
+                            help="csv or md (default from --out's suffix, else csv)")
+            sp.add_argument("--out", help="the file to write (.csv or .md)")
+        elif action == "plot":
+            _filters(sp)
+            sp.add_argument("--kind", choices=KINDS, action="append",
+                            help="which figure (repeatable; default axis and bars)")
+            sp.add_argument("--axis", help="axis plot: a task knob (default: the knob with the most values)")
+            _ttr_curves(sp)
+            sp.add_argument("--out", help="directory (default <results>/figures)")
+        else:
+            _ttr_curves(sp)
+            sp.add_argument("--out", help="file (default <results>/report.html)")
+        _global_options(sp.add_argument_group("global options (also accepted before the command)"), top=False)
 
 
 def _warn(msg: str) -> None:
@@ -64,7 +97,7 @@ def _load(args) -> tuple[list[dict], list[dict]]:
 
 def _views(args, rows):
     from .views import build_views, complete_rows, task_knobs
-    view = args.view or ("rows" if args.all else "best")
+    view = args.view or ("rows" if getattr(args, "all", False) else "best")
     if view == "pivot" and args.axis:
         tasks = [args.task] if args.task else sorted({r["task"] for r in complete_rows(rows)})
         having = [t for t in tasks if args.axis in task_knobs(rows, t)]
@@ -81,7 +114,7 @@ def _curves(args, rows):
     from pathlib import Path
 
     from .plot import ttr_curves_from_rows
-    if not args.curves:
+    if not getattr(args, "curves", None):
         curves, seg = ttr_curves_from_rows(rows)
         return curves, args.segment_len or seg
     try:
@@ -130,6 +163,18 @@ def _plot(args, rows, sel) -> int:
     out = Path(args.out) if args.out else Path(args.results) / "figures"
     kinds = args.kind or ["axis", "bars"]
     written = []
+    if "curves" in kinds:
+        from .store import read_curves
+        from .views import best_configs as _bests
+        tasks = [args.task] if args.task else sorted({b.task for b in _bests(sel)})
+        curves = read_curves(args.results, warn=_warn).to_pylist()
+        for t in tasks:
+            got = plot.plot_training_curves(sel, curves, task=t, out=out)
+            if got is not None:
+                written.append(got)
+            else:
+                print(f"{t}: no training curves in the store (rows written before curves were kept)",
+                      file=sys.stderr)
     if "ttr" in kinds:
         curves, seg = _curves(args, sel)
         if not curves:

@@ -12,7 +12,18 @@ import uuid
 from pathlib import Path
 
 from ..errors import UsageError
-from .views import Best, as_rows, axis_values, best_configs, filter_rows, knobs_of, task_knobs, task_scores, varying_knobs
+from .views import (
+    Best,
+    as_rows,
+    axis_values,
+    best_configs,
+    filter_rows,
+    knobs_of,
+    setting_of,
+    task_knobs,
+    task_scores,
+    varying_knobs,
+)
 
 # One colour per mechanism, the same in every figure (Okabe-Ito, then tab10).
 _KNOWN = ("lla", "parallax", "softmax", "mesa", "gdn", "mamba", "gla", "hyena", "linear")
@@ -242,3 +253,89 @@ def ttr_curves_from_rows(rows: list[dict]) -> tuple[dict[str, list[float]], int 
                 kn = knobs_of(r)
                 seg = seg or kn.get("segment") or kn.get("S") or kn.get("segment_len")
     return curves, seg
+
+
+MAX_CURVE_PANELS = 4     # settings drawn side by side in one training-curves figure
+
+
+def _seed_mean(per_seed: list[dict[int, float]]) -> tuple[list[int], list[float]]:
+    steps = sorted(set().union(*per_seed)) if per_seed else []
+    xs, ys = [], []
+    for s in steps:
+        vals = [c[s] for c in per_seed if s in c and math.isfinite(c[s])]
+        if vals:
+            xs.append(s)
+            ys.append(sum(vals) / len(vals))
+    return xs, ys
+
+
+def plot_training_curves(table, curves, *, task: str, out) -> Path | None:
+    """Training loss and the validation metric against the step, one line per mechanism (its best
+    configuration per setting, mean over its seeds; faint lines: single seeds), one column per
+    setting (the first few). ``curves``: the curves table (pyarrow, pandas or row dicts with
+    run_id, step, metric, value). None when the store holds no curves of these runs."""
+    rows = filter_rows(as_rows(table), task=task)
+    bests = best_configs(rows)
+    by_run: dict[str, dict[str, dict[int, float]]] = {}
+    for c in as_rows(curves):
+        if c.get("value") is None or c.get("step") is None:
+            continue
+        by_run.setdefault(c["run_id"], {}).setdefault(c["metric"], {})[int(c["step"])] = float(c["value"])
+    bests = [b for b in bests if any(r.get("run_id") in by_run for r in b.rows)]
+    if not bests:
+        return None
+    vary = varying_knobs(bests).get(task, [])
+    settings: list[str] = []
+    for b in bests:
+        lab = setting_of(b.rows[0], vary)
+        if lab not in settings:
+            settings.append(lab)
+    shown = settings[:MAX_CURVE_PANELS]
+    metric = bests[0].rows[0].get("metric_name") or "metric"
+    panels = (("train_loss", "training loss (log scale)"), (f"val/{metric}", f"validation {metric}"))
+    plt = _plt()
+    fig, axes = plt.subplots(2, len(shown), figsize=(3.4 * len(shown) + 1.2, 5.0), squeeze=False, sharex="col")
+    names = sorted({b.model for b in bests})
+    seeds = set()
+    for j, lab in enumerate(shown):
+        for b in bests:
+            if setting_of(b.rows[0], vary) != lab:
+                continue
+            c = color_of(b.model, names)
+            for i, (key, _) in enumerate(panels):
+                per_seed = [by_run[r["run_id"]][key] for r in b.rows
+                            if r.get("run_id") in by_run and key in by_run[r["run_id"]]]
+                if not per_seed:
+                    continue
+                seeds.add(len(per_seed))
+                ax = axes[i][j]
+                if len(per_seed) > 1:
+                    for cur in per_seed:
+                        xs = sorted(cur)
+                        ax.plot(xs, [cur[x] for x in xs], color=c, lw=0.6, alpha=0.3)
+                xs, ys = _seed_mean(per_seed)
+                ax.plot(xs, ys, color=c, lw=1.6, label=b.model if i == 0 else None)
+        axes[0][j].set_title(lab, fontsize=8.5)
+        axes[1][j].set_xlabel("step")
+    for i, (key, ylabel) in enumerate(panels):
+        axes[i][0].set_ylabel(ylabel)
+        if key == "train_loss":
+            for ax in axes[i]:
+                lines = [ln for ln in ax.get_lines() if len(ln.get_ydata())]
+                if lines and all(min(ln.get_ydata()) > 0 for ln in lines):
+                    ax.set_yscale("log")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    for ax in axes[0][1:]:
+        h, lb = ax.get_legend_handles_labels()
+        for hh, ll in zip(h, lb):
+            if ll not in labels:
+                handles.append(hh)
+                labels.append(ll)
+    axes[0][-1].legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    fig.suptitle(f"{task}: training curves", fontsize=10)
+    more = f" {len(settings) - len(shown)} more setting(s) not drawn." if len(settings) > len(shown) else ""
+    n_txt = "/".join(str(n) for n in sorted(seeds))
+    _footnote(fig, f"Best configuration per mechanism and setting (chosen on validation); line: mean over {n_txt} "
+                   f"seed(s) at each validation step, faint: single seeds; training loss averaged since the previous "
+                   f"validation.{more}\n{provenance_line([r for b in bests for r in b.rows])}")
+    return _save(fig, _out(out, f"{task}-curves.png"))

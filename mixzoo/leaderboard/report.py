@@ -119,8 +119,10 @@ def _commands(rows: list[dict]) -> str:
 
 
 def render(rows: list[dict], *, results: str = "", warnings: list[str] | None = None,
-           figdir: Path | None = None, ttr: tuple[dict, int | None] | None = None) -> str:
-    """The report page for ``rows`` (all of the store's rows) as an HTML string."""
+           figdir: Path | None = None, ttr: tuple[dict, int | None] | None = None,
+           curves: list[dict] | None = None) -> str:
+    """The report page for ``rows`` (all of the store's rows) as an HTML string; ``curves``: the
+    store's curves table (row dicts), drawn per task (training loss and validation metric)."""
     from . import plot
     warnings = list(warnings or [])
     done = complete_rows(rows)
@@ -163,6 +165,13 @@ def render(rows: list[dict], *, results: str = "", warnings: list[str] | None = 
             parts += [f"<h3>Against {_e(axis)}</h3>", table_html(pivot_view(trows, t, axis)),
                       figure(plot.plot_metric_vs_axis, f"{t}: test metric against {axis}, one line per mechanism.",
                              table=trows, task=t, axis=axis, out=figdir / f"{t}-{axis}.png")]
+        runs = {r.get("run_id") for b in tb for r in b.rows}
+        tcurves = [c for c in curves or [] if c.get("run_id") in runs]
+        if tcurves:
+            parts += ["<h3>Training curves</h3>",
+                      figure(plot.plot_training_curves, f"{t}: training loss and validation metric against the "
+                             "step, best configuration per mechanism and setting.",
+                             table=trows, curves=tcurves, task=t, out=figdir / f"{t}-curves.png")]
     curves, seg = ttr if ttr is not None else plot.ttr_curves_from_rows(rows)
     if curves:
         parts += ["<h2>Test-time regression</h2>",
@@ -195,8 +204,10 @@ def build_report(results: str | Path, out: str | Path | None = None, *, warn=Non
         warnings.append(msg)
         (warn or (lambda m: print(f"mixzoo: warning: {m}", file=sys.stderr)))(msg)
 
+    from .store import read_curves
     rows = as_rows(read_table(results, warn=_warn))
+    curves = read_curves(results, warn=_warn).to_pylist()
     out = Path(out) if out else Path(results) / "report.html"
     with tempfile.TemporaryDirectory(prefix="mixzoo-report-") as d:
-        page = render(rows, results=str(results), warnings=warnings, figdir=Path(d), ttr=ttr)
+        page = render(rows, results=str(results), warnings=warnings, figdir=Path(d), ttr=ttr, curves=curves)
     return write_atomic(out, page)

@@ -219,9 +219,16 @@ def varying_knobs(bests: Iterable[Best]) -> dict[str, list[str]]:
 
 
 def setting_label(knobs: dict, keys: list[str]) -> str:
-    """The knobs that tell a task's settings apart; with one setting, its first three knobs."""
+    """For a row written before rows carried their ``setting``: the knobs that tell a task's
+    settings apart; with one setting, its first three knobs."""
     keys = keys or list(knobs)[:3]
     return ", ".join(f"{k}={knobs.get(k)}" for k in keys) or "-"
+
+
+def setting_of(row: dict, keys: list[str] | None = None) -> str:
+    """The row's task setting label: its ``setting`` column (one text per setting, written with the
+    row: the task's first three knobs, then any knob off its default), else the old label."""
+    return row.get("setting") or setting_label(knobs_of(row), keys or [])
 
 
 def task_scores(bests: Iterable[Best]) -> dict[tuple[str, str], dict]:
@@ -278,37 +285,53 @@ def col(name: str) -> Callable[[dict], str]:
     return lambda r: fmt_num(r.get(name))
 
 
-def _swept_hparams(cfgs: Iterable[Config]) -> dict[str, list[str]]:
-    """Per task, the hyperparameters that differ between configurations of one mechanism."""
-    seen: dict[tuple, dict[str, set]] = {}
-    for c in cfgs:
-        d = seen.setdefault((c.task, c.model), {})
+def searched_keys(row: dict) -> list[str]:
+    """The hyperparameters the row's configuration was chosen over: its ``search_space_json`` (a
+    sweep's study space; for a single run, the mechanism's registered space), in its order."""
+    try:
+        space = json.loads(row.get("search_space_json") or "{}")
+    except (TypeError, ValueError):
+        return []
+    return list(space) if isinstance(space, dict) else list(space or [])
+
+
+def _fmt_hp(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}"
+    return str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def config_label(config: Config, group: list[Config]) -> str:
+    """What was chosen: every searched hyperparameter of the configuration's rows (mechanism knobs
+    included, at their default when not searched away), then any other key in which the
+    configurations of its own group (mechanism x setting) differ. Nothing from other rows."""
+    hp = hparams_of(config.rows[0])
+    keys = [k for k in searched_keys(config.rows[0]) if k in hp]
+    seen: dict[str, set] = {}
+    for c in group:
         for k, v in hparams_of(c.rows[0]).items():
-            d.setdefault(k, set()).add(json.dumps(v, sort_keys=True))
-    out: dict[str, set] = {}
-    for (task, _m), d in seen.items():
-        out.setdefault(task, set()).update(k for k, vs in d.items() if len(vs) > 1)
-    return {t: sorted(ks) for t, ks in out.items()}
-
-
-def _config_label(hp: dict, keys: list[str]) -> str:
-    keys = keys or [k for k in ("lr", "weight_decay") if k in hp]
-    return ", ".join(f"{k}={hp.get(k):g}" if isinstance(hp.get(k), float) else f"{k}={hp.get(k)}" for k in keys)
+            seen.setdefault(k, set()).add(json.dumps(v, sort_keys=True))
+    keys += sorted(k for k, vs in seen.items() if len(vs) > 1 and k not in keys and k in hp)
+    if not keys:
+        keys = [k for k in ("lr", "weight_decay") if k in hp]
+    return ", ".join(f"{k}={_fmt_hp(hp[k])}" for k in keys)
 
 
 def best_view(rows: list[dict]) -> View:
     bests = best_configs(rows)
     vary = varying_knobs(bests)
-    swept = _swept_hparams(configs(rows))
+    groups: dict[tuple, list[Config]] = {}
+    for c in configs(rows):
+        groups.setdefault((c.suite, c.task, c.knobs_json, c.model), []).append(c)
     recs = []
     for b in bests:
         r0 = b.rows[0]
         recs.append({
-            "suite": b.suite, "task": b.task, "setting": setting_label(b.knobs, vary.get(b.task, [])),
+            "suite": b.suite, "task": b.task, "setting": setting_of(r0, vary.get(b.task, [])),
             "model": b.model, "backend": ",".join(sorted({str(r.get("backend")) for r in b.rows})),
             "metric": r0.get("metric_name"), "higher_is_better": b.higher_is_better,
             "test_mean": b.test_mean, "test_std": b.test_std, "n_seeds": b.n, "val_mean": b.val_mean,
-            "n_configs": b.n_configs, "config": _config_label(hparams_of(r0), swept.get(b.task, [])),
+            "n_configs": b.n_configs, "config": config_label(b.config, groups[(b.suite, b.task, b.knobs_json, b.model)]),
             "params": r0.get("params"), "state_size": r0.get("state_size"),
             "steps_per_s": mean_std([r["steps_per_s"] for r in b.rows if _finite(r.get("steps_per_s"))])[0],
             "seeds": ",".join(str(r.get("seed")) for r in b.rows),
@@ -470,7 +493,7 @@ def rows_view(rows: list[dict]) -> View:
     for r in sorted(rows, key=lambda r: (r.get("task") or "", r.get("model") or "", str(r.get("created_at")),
                                          r.get("seed") or 0)):
         rec = {k: v for k, v in r.items() if not k.startswith(("knob_", "hp_"))}
-        rec["setting"] = setting_label(knobs_of(r), vary[r["task"]])
+        rec["setting"] = setting_of(r, vary[r["task"]])
         recs.append(rec)
     display = [("task", lambda r: r["task"]), ("setting", lambda r: r["setting"]), ("model", lambda r: r["model"]),
                ("backend", lambda r: str(r.get("backend"))), ("seed", col("seed")),

@@ -1,6 +1,6 @@
 """``mixzoo sweep`` and ``mixzoo compare``.
 
-``mixzoo sweep SPEC [--preset smoke|small|paper] [--storage URL] [--workers N]`` sets up one
+``mixzoo sweep SPEC [--budget smoke|small|paper] [--storage URL] [--workers N]`` sets up one
 Optuna study per (mechanism, task setting), starts N worker processes on this host (another
 host joins by running the same command against the same storage), waits, and prints a summary.
 ``mixzoo compare TASK --models a,b --axis knob=v1,v2`` is a sweep over one difficulty axis,
@@ -17,9 +17,11 @@ COMMAND_ENV = "MIXZOO_SWEEP_COMMAND"
 
 
 def configure(name: str, p) -> None:
+    from ..cli import deprecated
     if name == "sweep":
         p.add_argument("spec", help="a spec TOML file or a built-in spec name (mqar, mad, icl-regression, ...)")
-        p.add_argument("--preset", help="the spec's preset: smoke (CPU, seconds), small (one GPU), paper")
+        p.add_argument("--budget", help="the spec's budget preset: smoke (CPU, seconds), small (one GPU), paper")
+        p.add_argument("--preset", dest="budget", action=deprecated("--budget"), help="old name of --budget")
         p.add_argument("--models", help="only these mechanisms (comma-separated)")
         p.add_argument("--tasks", help="only these tasks of the spec (comma-separated)")
         p.add_argument("--list", action="store_true", help="print the studies the spec expands to, then exit")
@@ -29,8 +31,9 @@ def configure(name: str, p) -> None:
         p.add_argument("--models", required=True, help="mechanisms, comma-separated (e.g. softmax,lla)")
         p.add_argument("--axis", required=True, metavar="KNOB=V1,V2,...", help="the difficulty axis and its values")
         p.add_argument("--set", action="append", metavar="KNOB=V", help="a fixed task knob (repeatable)")
-        p.add_argument("--task-preset", help="the task's own preset (see 'mixzoo tasks')")
-        p.add_argument("--preset", help="budget preset of the task's built-in spec: smoke, small or paper")
+        p.add_argument("--preset", "--task-preset", dest="task_preset",
+                       help="the task's own preset (see 'mixzoo tasks'), as in 'mixzoo run'")
+        p.add_argument("--budget", help="budget preset of the task's built-in spec: smoke, small or paper")
         p.add_argument("--out", help="the plot's path (default <results>/sweeps/compare-<task>-<axis>.png)")
     p.add_argument("--storage", help=f"Optuna storage: a PostgreSQL URL or a journal file path (env {STORAGE_ENV}; "
                                      "default a journal file under the results dir)")
@@ -65,7 +68,7 @@ def main(args) -> int:
             raise UsageError(f"--{k} {v} is not allowed; allowed: an integer >= 1")
     storage = args.storage or os.environ.get(STORAGE_ENV)
     if args.command == "sweep":
-        spec = runner.load_spec(args.spec, args.preset, models=_csv(args.models), tasks=_csv(args.tasks),
+        spec = runner.load_spec(args.spec, args.budget, models=_csv(args.models), tasks=_csv(args.tasks),
                                 trials=args.trials, seeds=args.seeds)
         if args.list:
             runner.print_plan(spec)

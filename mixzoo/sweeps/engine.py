@@ -502,10 +502,10 @@ def run_search_trial(ctx: Context, u: Unit, frozen) -> None:
         try:
             params = suggest(trial, u.space)
             ctx.trainer_log(f"start {tag}: {json.dumps(params, default=str)}")
-            rows = api.run(u.task, u.model, knobs=u.knobs, preset=u.task_preset, hparams={**u.fixed, **params},
-                           recipe=u.recipe, seeds=(u.search_seed,), results=None, device=ctx.device,
-                           study=u.study, trial=frozen.number, command=ctx.command, log=ctx.trainer_log,
-                           on_eval=pruning_hook(trial, u.metric))
+            spec = u.run_spec().with_hparams(params, label=f"trial {frozen.number}:")
+            rows = api.run_spec(spec, seeds=(u.search_seed,), results=None, device=ctx.device,
+                                study=u.study, trial=frozen.number, command=ctx.command, log=ctx.trainer_log,
+                                on_eval=pruning_hook(trial, u.metric), search_space=u.space)
             row = rows[0]
         except optuna.TrialPruned as e:
             _finish(ctx.storage, frozen._trial_id, TS.PRUNED, reason=str(e) or "pruned")
@@ -590,7 +590,6 @@ def run_final(ctx: Context, u: Unit, fid: int, frozen) -> None:
     from optuna.trial import TrialState as TS
 
     from .. import api
-    from ..leaderboard import write_rows
     seed = int(frozen.user_attrs["seed"])
     sa = optuna.load_study(study_name=u.final_study, storage=ctx.storage).user_attrs
     hp, best = json.loads(sa["hparams"]), int(sa["best_trial"])
@@ -606,9 +605,9 @@ def run_final(ctx: Context, u: Unit, fid: int, frozen) -> None:
             return
         try:
             ctx.trainer_log(f"start final {tag}: {json.dumps(hp, default=str)}")
-            rows = api.run(u.task, u.model, knobs=u.knobs, preset=u.task_preset, hparams=hp, recipe=u.recipe,
-                           seeds=(seed,), results=None, device=ctx.device, study=u.study, trial=best,
-                           command=ctx.command, log=ctx.trainer_log)
+            spec = u.run_spec().with_hparams(hp, label=f"best trial {best}:")
+            rows = api.run_spec(spec, seeds=(seed,), results=None, device=ctx.device, study=u.study, trial=best,
+                                command=ctx.command, log=ctx.trainer_log, search_space=u.space)
         except StorageError:
             raise
         except Exception as e:
@@ -620,7 +619,7 @@ def run_final(ctx: Context, u: Unit, fid: int, frozen) -> None:
             ctx.log(f"{tag}: finished elsewhere meanwhile; row not written")
             return
         try:
-            write_rows(ctx.results, rows)   # a temporary file renamed: nothing is left when it fails
+            api.write_results(ctx.results, rows)   # temporary files renamed: nothing is left when it fails
         except OSError as e:
             # a full (or failing) results disk: the run is recorded FAIL with the reason and its
             # slot re-enqueued, and this worker stops: the next run would fail the same way

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..errors import UsageError
 from . import engine
-from .spec import Spec, Unit, builtin_names, load, merge, read_raw
+from .spec import Spec, Unit, budgets_of, builtin_names, load, merge, read_raw
 from .storage import EXIT_STORAGE, StorageError, check_parallel, interrupt, mask, open_storage, resolve, retry_window, scrub
 
 
@@ -179,7 +179,7 @@ def _worker_argv(args, spec: Spec, spec_arg: str, index: int) -> list[str]:
         argv += ["--plugin", str(Path(plugin).resolve())]
     argv += ["sweep", spec_arg, "--worker-index", str(index)]
     if spec.preset:
-        argv += ["--preset", spec.preset]
+        argv += ["--budget", spec.preset]
     for k in ("models", "tasks", "trials", "seeds"):
         v = getattr(args, k, None)
         if v is not None and not (args.command == "compare" and k == "models"):
@@ -274,6 +274,15 @@ def _run_workers(args, spec: Spec, spec_arg: str, ctx: engine.Context, url: str)
         print(f"sweep incomplete: {len(incomplete)} of {len(status)} studies unfinished; "
               f"rerun the same command to resume", file=sys.stderr)
         return EXIT_STORAGE if any(rc == EXIT_STORAGE for _, rc in failed_workers) else 1
+    empty = [s for s in status if s["done"] and s["best"] is None]
+    for st in empty:    # its search finished with no COMPLETE trial: nothing was run over seeds
+        c = st["counts"]
+        print(f"mixzoo: study {st['unit'].study} completed no trial ({c.get('PRUNED', 0)} pruned, "
+              f"{c.get('FAIL', 0)} failed of {st['unit'].trials}): no best configuration, no rows; the reasons "
+              f"are in {Path(ctx.results) / 'sweeps' / 'trials'}", file=sys.stderr)
+    if empty:
+        print(f"sweep done, but {len(empty)} of {len(status)} studies completed no trial", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -300,7 +309,7 @@ def print_summary(ctx: engine.Context, status: list[dict], elapsed: float) -> No
         vals = final_values(ctx, u)
         test = f"{_mean_std(vals)[0]:.4f} ± {_mean_std(vals)[1]:.4f}" if vals else "-"
         hp = ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in (best.params if best else {}).items())
-        body.append([u.task, u.label, u.model,
+        body.append([u.task, u.setting_label, u.model,
                      f"{c.get('COMPLETE', 0)}/{c.get('PRUNED', 0)}/{c.get('FAIL', 0)}", st["stale"],
                      f"{best.value:.4f}" if best else "-", hp or "-", test, f"{len(vals)}/{len(u.seeds)}",
                      "done" if st["done"] else "unfinished"])
@@ -324,7 +333,7 @@ def export_trials(ctx: engine.Context, spec: Spec, status: list[dict]) -> Path |
             for t in ctx.storage.get_all_trials(sid, deepcopy=False):
                 ua = t.user_attrs
                 rows.append({"spec": u.spec, "preset": u.preset, "study": u.study, "phase": kind, "task": u.task,
-                             "setting": u.label, "model": u.model, "trial": t.number, "slot": ua.get("slot"),
+                             "setting": u.setting_label, "model": u.model, "trial": t.number, "slot": ua.get("slot"),
                              "seed": ua.get("seed", u.search_seed if kind == "search" else None),
                              "state": t.state.name, "value": t.value, "reason": ua.get("reason"),
                              "params_json": json.dumps(t.params, sort_keys=True, default=str),
@@ -369,11 +378,25 @@ def compare(args, storage: str | None) -> int:
     if not models:
         raise UsageError("--models is empty; allowed: a comma-separated list, e.g. softmax,lla")
     raw, base = _spec_for_task(args.task)
-    presets = raw.pop("presets", {}) or {}
-    preset = args.preset or raw.get("default_preset")
+    presets, default = budgets_of(raw, base)
+    for k in ("presets", "budgets", "default_preset", "default_budget"):
+        raw.pop(k, None)
+    task_presets = get_task(args.task).presets
+    if args.task_preset is not None and args.task_preset not in task_presets and args.task_preset in presets \
+            and args.budget is None:
+        # the old spelling: compare's --preset was the budget; a task preset is what it names now
+        print(f"mixzoo: warning: compare --preset {args.task_preset} names a budget, not a preset of task "
+              f"{args.task}; use --budget {args.task_preset} (--preset is the task preset, as in 'mixzoo run')",
+              file=sys.stderr, flush=True)
+        args.budget, args.task_preset = args.task_preset, None
+    if args.task_preset is not None and args.task_preset not in task_presets:
+        raise UsageError(f"unknown preset {args.task_preset!r} of task {args.task}; allowed: "
+                         f"{', '.join(sorted(task_presets)) or '(none)'} (a budget is --budget: "
+                         f"{', '.join(sorted(presets)) or '(none)'})")
+    preset = args.budget or default
     if preset is not None:
         if preset not in presets:
-            raise UsageError(f"unknown preset {preset!r} for task {args.task} (built-in spec {base}); "
+            raise UsageError(f"unknown budget {preset!r} for task {args.task} (built-in spec {base}); "
                              f"allowed: {', '.join(sorted(presets)) or '(none)'}")
         raw = merge(raw, presets[preset])
     tt = dict(raw.get("tasks", {}).get(args.task, {}))
@@ -384,14 +407,14 @@ def compare(args, storage: str | None) -> int:
     if args.task_preset:
         tt["preset"] = args.task_preset
     raw.update({"name": f"compare-{args.task}-{axis}", "tasks": {args.task: tt}, "models": models})
-    raw.update({"default_preset": preset, "presets": {preset: {}}} if preset else {})
+    raw.update({"default_budget": preset, "budgets": {preset: {}}} if preset else {})
     raw.pop("ttr", None)
     spec = load(raw["name"], None, raw=raw, trials=args.trials, seeds=args.seeds)
     d = Path(args.results) / "sweeps" / "compare"
     d.mkdir(parents=True, exist_ok=True)
     spec_file = d / f"{spec.name}{'-' + preset if preset else ''}.json"
     spec_file.write_text(json.dumps({k: v for k, v in raw.items()}, indent=1, default=str))
-    args.preset = None
+    args.budget = None
     rc = coordinate(args, spec, storage, spec_arg=str(spec_file))
     rows = compare_rows(args.results, spec)
     print()
@@ -427,6 +450,13 @@ def print_compare(rows: list[dict], spec: Spec, axis: str, values: list, models:
         body.append(line)
     print(f"test {metric} (mean ± std over seeds) against {axis}:")
     print(format_table(["model", *[f"{axis}={v}" for v in values]], body))
+    labels = {}
+    for u in spec.units:        # the settings by the label every leaderboard view gives them
+        labels.setdefault(json.dumps(u.setting.get(axis), default=str), u.setting_label)
+    for v in values:
+        lab = labels.get(json.dumps(v, default=str))
+        if lab:
+            print(f"  {axis}={v}: setting {lab}")
 
 
 def plot(rows: list[dict], *, task: str, axis: str, out: Path, models: list[str]) -> Path:

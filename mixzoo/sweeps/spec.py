@@ -4,7 +4,7 @@ trial budget, seeds and training budget, with presets that scale them.
 Layout (every key optional unless marked)::
 
     name = "mqar"                 # defaults to the file's stem
-    default_preset = "small"      # used when no --preset is given
+    default_budget = "small"      # used when no --budget is given (old spelling: default_preset)
     models = ["softmax", "lla"]   # required (here or per task)
     trials = 16                   # Optuna trials per (mechanism, setting)
     seeds = 3                     # final seeds: N (0..N-1) or a list
@@ -23,10 +23,16 @@ Layout (every key optional unless marked)::
                                   #   a setting may name a task preset: {preset = "V32"}
     train = {steps = 500}         #   budget overrides for this task
     models = [...]                #   overrides the top-level list
-    [presets.<name>]              # overlays merged (recursively) onto everything above
+    [budgets.<name>]              # budget presets (--budget NAME): overlays merged (recursively)
+                                  # onto everything above (old spelling: [presets.<name>])
     [ttr]                         # a training-free spec: 'mixzoo ttr' options instead of [tasks]
 
 A setting's keys are task knobs or trainer/model keys (``d_model`` for a width sweep).
+
+Every unit's run spec (:class:`mixzoo.spec.RunSpec`: the task setting, the fixed hyperparameters,
+the mechanism's knobs with their defaults) is built and validated when the spec is loaded, so a bad
+value is exit code 2 before anything runs; the study's name carries a hash of that spec's
+``config_hash`` and of the search (space, trials, sampler, pruner, enqueued points, search seed).
 """
 from __future__ import annotations
 
@@ -42,8 +48,8 @@ from typing import Any
 
 from ..errors import UsageError
 
-TOP_KEYS = {"name", "description", "default_preset", "models", "trials", "seeds", "search_seed", "recipe",
-            "train", "sampler", "pruner", "search", "enqueue", "tasks", "presets", "ttr"}
+TOP_KEYS = {"name", "description", "default_budget", "default_preset", "models", "trials", "seeds", "search_seed",
+            "recipe", "train", "sampler", "pruner", "search", "enqueue", "tasks", "budgets", "presets", "ttr"}
 TASK_KEYS = {"preset", "knobs", "grid", "settings", "train", "models", "trials", "enqueue"}
 SAMPLER_DEFAULTS = {"seed": 0, "n_startup_trials": 10, "n_ei_candidates": 24, "multivariate": True,
                     "constant_liar": True}
@@ -72,19 +78,36 @@ class Unit:
     sampler: dict[str, Any]
     pruner: dict[str, Any]
     enqueue: list[dict[str, Any]]
-    label: str                     # the setting, e.g. "kv=4,L=64"
+    label: str                     # the setting as the spec names it, e.g. "kv=4,L=64" (in study names)
     setting: dict[str, Any] = field(default_factory=dict)
     direction: str = "maximize"
     metric: str = "accuracy"
+    base: Any = field(default=None, repr=False, compare=False)   # the RunSpec of the fixed part
+
+    def run_spec(self):
+        """The unit's :class:`~mixzoo.spec.RunSpec` before search (the fixed hyperparameters; the
+        searched ones at their defaults); built and validated once."""
+        if self.base is None:
+            from ..spec import build
+            self.base = build(self.task, self.model, knobs=self.knobs, preset=self.task_preset,
+                              hparams=self.fixed, recipe=self.recipe, label=f"spec {self.spec!r} {self.model}:")
+        return self.base
+
+    @property
+    def setting_label(self) -> str:
+        """The task setting's label (the leaderboard's ``setting``), plus the setting's own
+        non-knob keys (a width sweep's ``d_model``)."""
+        extra = ", ".join(f"{k}={v}" for k, v in self.setting.items() if k not in self.run_spec().task_knobs
+                          and k != "preset")
+        return self.run_spec().setting + (f"; {extra}" if extra else "")
 
     @property
     def study(self) -> str:
-        """The search study's name: readable, plus a hash of everything a trial depends on."""
-        blob = json.dumps({"task": self.task, "task_preset": self.task_preset, "knobs": self.knobs,
-                           "model": self.model, "recipe": self.recipe, "fixed": self.fixed,
-                           "space": self.space, "trials": self.trials, "search_seed": self.search_seed,
-                           "sampler": self.sampler, "pruner": self.pruner, "enqueue": self.enqueue},
-                          sort_keys=True, default=str)
+        """The search study's name: readable, plus a hash of everything a trial depends on (the run
+        spec's content hash, and the search)."""
+        blob = json.dumps({"config": self.run_spec().config_hash, "space": self.space, "trials": self.trials,
+                           "search_seed": self.search_seed, "sampler": self.sampler, "pruner": self.pruner,
+                           "enqueue": self.enqueue}, sort_keys=True, default=str)
         h = hashlib.sha256(blob.encode()).hexdigest()[:8]
         return f"{self.spec}[{self.preset or '-'}]/{self.task}/{self.model}/{self.label}#{h}"
 
@@ -131,6 +154,18 @@ def read_raw(spec: str) -> tuple[dict[str, Any], str, str]:
         return tomllib.loads(text), name, source
     except tomllib.TOMLDecodeError as e:
         raise UsageError(f"spec {source!r} is not valid TOML: {e}")
+
+
+def budgets_of(raw: dict, source: str = "") -> tuple[dict[str, dict], str | None]:
+    """The spec's budget presets and its default one: ``[budgets.*]`` / ``default_budget`` (the old
+    spelling ``[presets.*]`` / ``default_preset`` still read)."""
+    if "budgets" in raw and "presets" in raw:
+        raise UsageError(f"spec {source}: both [budgets] and [presets]; allowed: one ([budgets]; "
+                         f"[presets] is its old name)")
+    budgets = raw.get("budgets", raw.get("presets", {})) or {}
+    if not isinstance(budgets, dict) or not all(isinstance(v, dict) for v in budgets.values()):
+        raise UsageError(f"spec {source}: [budgets] must hold one table per budget")
+    return budgets, raw.get("default_budget", raw.get("default_preset"))
 
 
 def merge(base: dict, over: dict) -> dict:
@@ -200,8 +235,9 @@ def _check_hparams(where: str, hp: dict, model: str | None = None) -> None:
 
 def load(spec: str, preset: str | None = None, *, models: list[str] | None = None, tasks: list[str] | None = None,
          trials: int | None = None, seeds: int | None = None, raw: dict | None = None) -> Spec:
-    """Read, merge the preset into, validate and expand a spec into units."""
+    """Read, merge the budget preset into, validate and expand a spec into units."""
     from ..registry import get_mixer, get_task
+    from ..spec import _section_of, typed
     if raw is None:
         raw, name, source = read_raw(spec)
     else:
@@ -209,15 +245,14 @@ def load(spec: str, preset: str | None = None, *, models: list[str] | None = Non
     if not isinstance(raw, dict):
         raise UsageError(f"spec {source!r} must be a TOML table")
     _unknown(f"spec {source}", raw, TOP_KEYS)
-    presets = raw.get("presets", {}) or {}
-    if not isinstance(presets, dict) or not all(isinstance(v, dict) for v in presets.values()):
-        raise UsageError(f"spec {source}: [presets] must hold one table per preset")
-    preset = preset or raw.get("default_preset")
+    presets, default = budgets_of(raw, source)
+    preset = preset or default
     if preset is not None:
         if preset not in presets:
-            raise UsageError(f"spec {name!r}: unknown preset {preset!r}; allowed: {', '.join(sorted(presets)) or '(none)'}")
+            raise UsageError(f"spec {name!r}: unknown budget {preset!r}; allowed: {', '.join(sorted(presets)) or '(none)'}")
         over = presets[preset]
-        _unknown(f"spec {source} [presets.{preset}]", over, TOP_KEYS - {"presets", "default_preset"})
+        _unknown(f"spec {source} [budgets.{preset}]", over, TOP_KEYS - {"budgets", "presets", "default_budget",
+                                                                        "default_preset"})
         raw = merge(raw, over)
     name = str(raw.get("name", name))
     where = f"spec {name!r}"
@@ -325,12 +360,19 @@ def load(spec: str, preset: str | None = None, *, models: list[str] | None = Non
                     if bad:
                         raise UsageError(f"{twhere}: enqueued hyperparameter {bad[0]!r} is not searched for {m}; "
                                          f"allowed: {', '.join(sorted(space)) or '(empty space)'}")
-                units.append(Unit(spec=name, preset=preset, task=tname, task_preset=s_preset, knobs=s_knobs,
-                                  model=m, recipe=recipe, fixed=fixed, space=space, trials=n_trials,
-                                  seeds=seed_list, search_seed=search_seed, sampler=sampler, pruner=pruner,
-                                  enqueue=enqueue, label=label, setting=dict(s),
-                                  direction="maximize" if task.primary.higher_is_better else "minimize",
-                                  metric=task.primary.name))
+                unit = Unit(spec=name, preset=preset, task=tname, task_preset=s_preset, knobs=s_knobs,
+                            model=m, recipe=recipe, fixed=fixed, space=space, trials=n_trials,
+                            seeds=seed_list, search_seed=search_seed, sampler=sampler, pruner=pruner,
+                            enqueue=enqueue, label=label, setting=dict(s),
+                            direction="maximize" if task.primary.higher_is_better else "minimize",
+                            metric=task.primary.name)
+                base = unit.run_spec()          # every value typed and checked, once, here
+                flat = base.hparams()
+                unit.fixed = {k: flat.get(k, v) for k, v in fixed.items()}
+                for e in enqueue:
+                    for k, v in e.items():
+                        typed(m, _section_of(k), k, v, f"{twhere} enqueue {k}")
+                units.append(unit)
     names = [u.study for u in units]
     if len(set(names)) != len(names):
         raise UsageError(f"{where}: two settings of one task are identical; allowed: distinct settings")

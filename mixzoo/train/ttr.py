@@ -156,7 +156,10 @@ def configure(name: str, p) -> None:
     p.add_argument("--cone-width", type=float, default=0.15, help="spread of a segment's keys (default 0.15)")
     p.add_argument("--sequences", type=int, default=32, help="test sequences (default 32)")
     p.add_argument("--tune-sequences", type=int, default=4, help="tuning sequences (default 4)")
-    p.add_argument("--mechanisms", help="comma list of mechanisms (default: every core, plus random and zero)")
+    from ..cli import deprecated
+    p.add_argument("--models", dest="mechanisms", metavar="A,B",
+                   help="comma list of mechanisms (default: every core, plus random and zero)")
+    p.add_argument("--mechanisms", dest="mechanisms", action=deprecated("--models"), help="old name of --models")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="write the results (per-position MSE included) to this JSON file")
 
