@@ -362,3 +362,20 @@ def test_add_parser_for_another_command_line():
     add_parser(p.add_subparsers(dest="command"))
     ns = p.parse_args(["reproduce", "lla-fig6", "--scale", "smoke", "--seeds", "2", "--workers", "2"])
     assert (ns.name, ns.scale, ns.seeds, ns.workers, ns.list) == ("lla-fig6", "smoke", 2, "2", False)
+
+
+def test_leaderboard_show_with_reference(tmp_path, monkeypatch, capsys):
+    """``leaderboard show --with-reference``: the published rows beside the user's own, labelled."""
+    from mixzoo.api import run
+    from mixzoo.cli import main
+    hp = dict(steps=2, batch_size=4, eval_every=2, n_train=16, n_val=8, n_test=8, d_model=16, num_heads=1)
+    run("mqar", "softmax", knobs=dict(V=16, L=16, kv=2), hparams=hp, results=tmp_path / "ref", device="cpu")
+    run("mqar", "softmax", knobs=dict(V=16, L=16, kv=2), hparams=hp, results=tmp_path / "mine", device="cpu")
+    monkeypatch.setenv("MIXZOO_REFERENCE", str(tmp_path / "ref"))
+    capsys.readouterr()
+    assert main(["--results", str(tmp_path / "mine"), "leaderboard", "show", "--with-reference"]) == 0
+    out = capsys.readouterr().out
+    assert "softmax (reference)" in out and out.count("softmax") >= 2
+    monkeypatch.setenv("MIXZOO_REFERENCE", str(tmp_path / "none"))
+    assert main(["--results", str(tmp_path / "mine"), "leaderboard", "show", "--with-reference"]) == 0
+    assert "no reference rows" in capsys.readouterr().err

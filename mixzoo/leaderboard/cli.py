@@ -26,6 +26,9 @@ def _filters(p) -> None:
     p.add_argument("--models", "--model", dest="model", metavar="A,B",
                    help="only these mechanisms (comma-separated)")
     p.add_argument("--where", action="append", metavar="KNOB=V", help="only settings with this knob value (repeatable)")
+    p.add_argument("--with-reference", action="store_true",
+                   help="add the published reference rows (the repository's results/, or $MIXZOO_REFERENCE), "
+                        "their mechanisms labelled '<name> (reference)'")
 
 
 def _view(p) -> None:
@@ -77,6 +80,13 @@ def _load(args) -> tuple[list[dict], list[dict]]:
     from .store import read_table
     from .views import as_rows, filter_rows
     rows = as_rows(read_table(args.results, warn=_warn))
+    if getattr(args, "with_reference", False):
+        from ..reproduce import reference_dir, reference_rows
+        ref = as_rows(reference_rows())
+        if not ref:
+            _warn(f"no reference rows under {reference_dir()}/leaderboard (published once the GPU runs land)")
+        # a mechanism of the reference is its own line beside the user's rows of the same mechanism
+        rows = rows + [{**r, "model": f"{r['model']} (reference)"} for r in ref]
     models = [m.strip() for m in args.model.split(",") if m.strip()] if args.model else None
     for what, vals in (("suite", [args.suite] if args.suite else []), ("task", [args.task] if args.task else []),
                        ("model", models or [])):

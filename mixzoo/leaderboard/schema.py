@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5   # 5: gpu
 
 # Partition keys: encoded in the directory path (suite=<s>/task=<t>/), not in the files.
 PARTITION_KEYS = ("suite", "task")
@@ -73,6 +73,7 @@ CORE = pa.schema([
     ("triton", pa.string()),
     ("fla", pa.string()),
     ("device_name", pa.string()),
+    ("gpu", pa.string()),                # the GPU trained on as the host names it (CUDA_VISIBLE_DEVICES entry; schema 5)
     ("hostname", pa.string()),
     ("command", pa.string()),
     ("allow_noncausal", pa.bool_()),     # given --allow-noncausal: the causality check did not gate the run (schema 3)

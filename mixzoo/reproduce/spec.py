@@ -186,7 +186,7 @@ def sweep_raw(fig: Figure, scale: str, seeds: int | None = None) -> dict[str, An
         t["settings"].append(setting)
     return {
         "name": fig.name, "description": f"{fig.paper} {fig.figure}: {fig.title}",
-        "default_preset": scale, "presets": {scale: {}},
+        "default_budget": scale, "budgets": {scale: {}},
         "models": models, "recipe": fig.recipe, "trials": len(grid),
         "seeds": int(seeds if seeds is not None else sc.seeds), "search_seed": 1000,
         # every trial is an enqueued grid point: the sampler never chooses, nothing is pruned

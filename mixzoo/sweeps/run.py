@@ -188,14 +188,22 @@ def _worker_argv(args, spec: Spec, spec_arg: str, index: int) -> list[str]:
 
 
 def _gpu_env(device: str | None, index: int) -> dict[str, str]:
-    if device not in (None, "auto", "cuda") or "CUDA_VISIBLE_DEVICES" in os.environ:
+    """CUDA_VISIBLE_DEVICES for worker ``index``: the GPUs this process may use (all of them, or the
+    ones CUDA_VISIBLE_DEVICES already names: "2,3" puts workers on 2, 3, 2, ...) taken round-robin.
+    Nothing with one GPU or none, or when the run is pinned to a device other than cuda/auto."""
+    if device not in (None, "auto", "cuda"):
         return {}
-    try:
-        import torch
-        n = torch.cuda.device_count()
-    except Exception:
-        n = 0
-    return {"CUDA_VISIBLE_DEVICES": str(index % n)} if n > 1 else {}
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        ids = [x.strip() for x in visible.split(",") if x.strip()]
+    else:
+        try:
+            import torch
+            n = torch.cuda.device_count()
+        except Exception:
+            n = 0
+        ids = [str(i) for i in range(n)]
+    return {"CUDA_VISIBLE_DEVICES": ids[index % len(ids)]} if len(ids) > 1 else {}
 
 
 def _auto_workers(args, spec: Spec) -> int:

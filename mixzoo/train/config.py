@@ -87,5 +87,22 @@ class RunResult:
     state_size: int = 0
     backend: str = ""
     device_name: str = ""
+    gpu: str | None = None                      # the GPU trained on, as the host names it (physical_gpu)
     history: list[dict[str, float]] = field(default_factory=list)
     diagnostics: dict[str, float] = field(default_factory=dict)   # mechanism diagnostics at the last validation
+
+
+def physical_gpu(dev) -> str | None:
+    """The GPU a run on ``dev`` trains on, as the host names it: the entry of CUDA_VISIBLE_DEVICES
+    (an index or a UUID) for the device's index, else the index itself; None off the GPU. A sweep
+    worker sees one GPU through CUDA_VISIBLE_DEVICES, so its index is always 0: the host's name
+    for it tells the rows of several GPUs apart."""
+    import os
+
+    import torch
+    dev = torch.device(dev)
+    if dev.type != "cuda":
+        return None
+    idx = dev.index if dev.index is not None else torch.cuda.current_device()
+    ids = [x.strip() for x in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip()]
+    return ids[idx] if idx < len(ids) else str(idx)

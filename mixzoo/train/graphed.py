@@ -29,7 +29,7 @@ import torch
 from ..errors import UsageError
 from ..models import ModelConfig, build_model
 from ..tasks.base import Batch, Task
-from .config import RunResult, TrainConfig
+from .config import RunResult, TrainConfig, physical_gpu
 from .loop import count_params, failure_reason, loss_fn, resolve_device
 from .optim import _decay_groups, lr_lambda
 from .steploop import Book, autocast, due, mark, precision_of, seed_all, sparse_width, splits, train_data
@@ -160,7 +160,8 @@ def train_graphed(task, mixer, knobs, model_cfg, cfg, seed, dev, on_eval=None, l
         model = build_model(task.backbone, mixer, knobs, model_cfg,
                             vocab=task.vocab_size if task.kind == "classification" else 0,
                             d_in=task.d_in, d_out=task.d_out).to(dev)
-        res = RunResult(state="COMPLETE", device_name=torch.cuda.get_device_name(dev) if cuda else dev.type,
+        res = RunResult(state="COMPLETE", gpu=physical_gpu(dev),
+                        device_name=torch.cuda.get_device_name(dev) if cuda else dev.type,
                         params=count_params(model))
         book = Book(task, cfg, precision, res, on_eval, log)
         width = sparse_width([data["train"].mask], cfg, task, model)

@@ -26,7 +26,7 @@ from ..errors import UsageError
 from ..models import ModelConfig, build_model, mixers_of
 from ..models.backbones import TokenModel
 from ..tasks.base import IGNORE, Batch, Task
-from .config import RunResult, TrainConfig
+from .config import RunResult, TrainConfig, physical_gpu
 from .diagnostics import mixer_diagnostics
 from .metrics import Accumulator
 from .optim import anneal_weight_decay, build_optimizer, lr_lambda
@@ -183,7 +183,7 @@ def train(task: Task, mixer: str, knobs: dict[str, Any] | None = None,
     else:
         data = {k: v.to(dev) for k, v in data.items()}
     pl.seed_everything(seed, verbose=False)
-    res = RunResult(state="COMPLETE",
+    res = RunResult(state="COMPLETE", gpu=physical_gpu(dev),
                     device_name=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu")
 
     def fail(e: BaseException, what: str) -> None:

@@ -45,7 +45,7 @@ from torch import nn
 from ..errors import UsageError
 from ..models import ModelConfig, build_model
 from ..tasks.base import IGNORE, Batch, Task
-from .config import RunResult, TrainConfig
+from .config import RunResult, TrainConfig, physical_gpu
 from .loop import count_params, failure_reason, resolve_device
 from .optim import lr_lambda, wd_multiplier
 from .steploop import Book, autocast, mark, peak_mem, precision_of, seed_all, sparse_width, splits, train_data
@@ -305,7 +305,8 @@ def _run(task, mixer, knobs, model_cfg, cfgs, seeds, dev, hooks, log, data,
         st = Stack(task, mixer, knobs, model_cfg, cfgs, seeds, dev, data)
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
-        results = [RunResult(state="COMPLETE", device_name=name, params=count_params(m)) for m in st.models]
+        results = [RunResult(state="COMPLETE", device_name=name, gpu=physical_gpu(dev), params=count_params(m))
+                   for m in st.models]
         books = [Book(task, c, st.precision, r, h, log if k == 0 else None)
                  for k, (c, r, h) in enumerate(zip(cfgs, results, hooks))]
     except UsageError:
