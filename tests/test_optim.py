@@ -134,6 +134,21 @@ def test_muon_trains_the_demo_task():
     assert res.test["accuracy"] > 0.6, res.test
 
 
+@pytest.mark.parametrize("model", ["lla", "parallax", "softmax", "mesa", "gdn", "mamba", "gla", "hyena", "linear"])
+def test_muon_steps_every_mechanism(model):
+    """Every built-in mechanism trains a few steps under Muon: each hidden matrix in Muon's group, the
+    rest in AdamW's, the loss finite at every validation."""
+    task = make_task("mqar", preset="demo")
+    tcfg, mcfg, mix = split_hparams(dict(steps=3, batch_size=4, lr=1e-2, eval_every=3, d_model=16, num_heads=2,
+                                         n_layers=1, n_train=12, n_val=8, n_test=8, optimizer="muon"), "zoology")
+    built = build_model(task.backbone, model, mix, mcfg, vocab=task.vocab_size)
+    muon, adamw = split_params(built)
+    assert muon and all(p.dim() == 2 for _, p in muon)
+    assert any(".mixer." in n for n, _ in muon), [n for n, _ in muon]     # the mechanism's own matrices
+    res = train(task, model, mix, mcfg, tcfg, seed=0, device="cpu")
+    assert res.state == "COMPLETE" and all(math.isfinite(h["train_loss"]) for h in res.history), res.reason
+
+
 def test_parallax_diagnostics_recorded_at_each_validation():
     res = _run("parallax", steps=40, eval_every=20, n_train=40 * 32, gate_r=True)
     assert res.state == "COMPLETE" and len(res.history) == 2
