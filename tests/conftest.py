@@ -20,3 +20,12 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def results(tmp_path):
     return tmp_path / "results"
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread: on a loaded 2-core machine two OpenMP threads make tiny matmuls 1000x slower."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

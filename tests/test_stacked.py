@@ -26,13 +26,7 @@ HP = ((3e-3, 0.1), (1e-2, 0.0), (5e-3, 0.1))      # (lr, weight_decay) of each r
 SEEDS = (0, 1, 0)                                 # seed 0 twice: same data and init, other lr
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: on a loaded 2-core machine two OpenMP threads make tiny matmuls 1000x slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")     # tests/conftest.py
 
 
 def _grab():

@@ -25,12 +25,7 @@ BASE = dict(steps=6, batch_size=4, eval_every=3, n_train=32, n_val=8, n_test=8, 
 TIMING = ("steps_per_s", "train_time_s")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")     # tests/conftest.py
 
 
 def test_step_mode_field():

@@ -73,13 +73,8 @@ def main(args) -> int:
     fig = get(args.name)
     if args.seeds is not None and args.seeds < 1:
         raise UsageError(f"--seeds {args.seeds} is not allowed; allowed: an integer >= 1")
-    if str(args.workers) != "auto":
-        try:
-            args.workers = int(args.workers)
-        except ValueError:
-            raise UsageError(f"--workers {args.workers!r} is not allowed; allowed: an integer >= 1 or 'auto'") from None
-        if args.workers < 1:
-            raise UsageError(f"--workers {args.workers} is not allowed; allowed: an integer >= 1 or 'auto'")
+    from ..sweeps.cli import parse_workers
+    args.workers = parse_workers(args.workers)
     if args.table:
         from . import validate
         from .run import tabulate

@@ -44,6 +44,19 @@ def configure(name: str, p) -> None:
                         "the run size calls for (several small runs per GPU), 1 without a GPU")
 
 
+def parse_workers(value) -> int | str:
+    """``--workers``: an integer >= 1 or 'auto'; anything else is bad input."""
+    if str(value) == "auto":
+        return "auto"
+    try:
+        n = int(value)
+    except ValueError:
+        raise UsageError(f"--workers {value!r} is not allowed; allowed: an integer >= 1 or 'auto'") from None
+    if n < 1:
+        raise UsageError(f"--workers {n} is not allowed; allowed: an integer >= 1 or 'auto'")
+    return n
+
+
 def argparse_suppress():
     import argparse
     return argparse.SUPPRESS
@@ -55,13 +68,7 @@ def _csv(v: str | None) -> list[str] | None:
 
 def main(args) -> int:
     from . import run as runner
-    if str(args.workers) != "auto":
-        try:
-            args.workers = int(args.workers)
-        except ValueError:
-            raise UsageError(f"--workers {args.workers!r} is not allowed; allowed: an integer >= 1 or 'auto'") from None
-        if args.workers < 1:
-            raise UsageError(f"--workers {args.workers} is not allowed; allowed: an integer >= 1 or 'auto'")
+    args.workers = parse_workers(args.workers)
     for k in ("trials", "seeds"):
         v = getattr(args, k)
         if v is not None and v < 1:
