@@ -1,5 +1,5 @@
 #!/bin/bash
-# The GPU measurements of the README and the issue notes, as run on the lent GPU machine
+# The GPU measurements of the README, as run on the lent GPU machine
 # (run from the repository root, with the pure-Python wheels in .whl/ and $OUT set):
 #   bash scripts/gpu-session.sh setup-only | mixers | bench | throughput | kernels | sweep | scripts
 # (mixers: K=EXPR selects tests as pytest -k does; scripts: SCRIPTS="a.py b.py")

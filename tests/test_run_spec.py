@@ -1,4 +1,4 @@
-"""The typed run spec (issue 15): built and validated once where input enters (the command line,
+"""The typed run spec: built and validated once where input enters (the command line,
 a run spec file, a sweep spec, the Python API), frozen, complete (every mechanism knob with its
 value or default), hashed, and written whole into the row; one ``KEY=VALUE`` syntax with its
 aliases; the vocabulary of presets and budgets, ``--models`` everywhere. No test here trains

@@ -1,4 +1,4 @@
-"""The store (issue 15): one declared schema in every file, a column a file lacks read as null by
+"""The store: one declared schema in every file, a column a file lacks read as null by
 pandas, pyarrow.dataset and DuckDB; ``load()``; the curves table written with the rows and drawn in
 the report; views that say what was chosen (every searched hyperparameter, one setting label)."""
 from __future__ import annotations

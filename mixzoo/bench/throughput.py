@@ -1,6 +1,6 @@
 """``mixzoo bench throughput``: training throughput, side by side.
 
-With ``--shape`` (mechanism names after it) or ``--project``: the step modes of issue 18 (eager,
+With ``--shape`` (mechanism names after it) or ``--project``: the step modes (eager,
 graphed, stacked, packed processes and their combinations) per mechanism and shape, and the MAD
 protocol projected from them; see "step modes, side by side" below. Without: the harness against a
 plain PyTorch loop, as follows. One run measures, on the same model and the same device-resident data:

@@ -1,4 +1,4 @@
-"""The papers' synthetic experiments as runnable reproductions (issue 17).
+"""The papers' synthetic experiments as runnable reproductions.
 
 One :class:`~.spec.Figure` per paper figure (``lla-fig3`` .. ``lla-fig6`` from the LLA paper,
 ``parallax-mad`` and ``parallax-mad-hard`` from the Parallax paper), each with the settings the

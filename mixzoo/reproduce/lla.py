@@ -249,7 +249,7 @@ FIG6 = Figure(
     choices=(
         Choice("width", "128, 2 heads, 2 layers, no MLP", "model size not stated (PR:42-43); Fig. 5(a)'s model "
                "(PR:22-23), the one the paper states for a trained synthetic task"),
-        Choice("steps", "small: 5,000; paper: 20,000", "not stated (PR:43); the issue's probe stayed at chance at "
+        Choice("steps", "small: 5,000; paper: 20,000", "not stated (PR:43); a probe on the H200 stayed at chance at "
                "N >= 24 within 10k steps, so paper scale doubles that; small is what fits half an hour"),
         Choice("lr", f"paper {ZOOLOGY_LR}; small (4.64e-4, 2.15e-3); weight decay 0.1",
                "not stated; zoology's grid, the one used for every trained LLA figure; small keeps its two inner "

@@ -27,7 +27,7 @@ KINDS = ("sweep", "ttr")
 TESTS = ("above", "below", "within")
 QUANTITIES = ("value", "diff", "ratio", "all")
 QUANTIFIERS = ("every", "some")
-# unstated choices every figure must write down (the brief of issue 17)
+# unstated choices every figure must write down
 REQUIRED_CHOICES = {"sweep": ("width", "steps", "lr", "batch"), "ttr": ("sequences", "grids")}
 TTR_BASELINES = ("random", "zero")
 
