@@ -8,7 +8,7 @@
 #   build        scripts/build-mamba-ssm.sh from .gpu/*.tar.gz (wheels to .gpu/build, then installed)
 #   madbench     mixzoo bench mixers --shape mad (alone: run it as the only part)
 #   gputests     pytest -m gpu on K (files, default tests/gpu), KEXPR selecting as pytest -k
-#   script:F     python3 F (a benchmark script) in the background
+#   script:F     python3 F $SCRIPT_ARGS (a benchmark script) in the background
 #   optmad       benchmarks/optimizer_mad.py (AdamW vs Muon on MAD; OW workers, OSTEPS steps)
 # gputests' log is logs/gputests$GTN.log; LLACHECK=1 makes div:CASE:lla rerun the captured launch
 # (benchmarks/lla_launch_check.py, then under compute-sanitizer memcheck and initcheck)
@@ -67,7 +67,7 @@ for part in "$@"; do
              > logs/build.log 2>&1; cp .gpu/build/*.txt .gpu/build/*.log logs/ 2>/dev/null; echo "build rc $? in $(( $(date +%s) - t0 )) s" >> logs/build.log) & pids+=($!) ;;
     madbench) timeout $T python3 -m mixzoo bench mixers --shape mad ${MIXERS} --out logs/madbench.json \
              > logs/madbench.log 2>&1 & pids+=($!) ;;
-    script:*) f=${part#script:}; timeout $T python3 $f > logs/$(basename $f .py).log 2>&1 & pids+=($!) ;;
+    script:*) f=${part#script:}; timeout $T python3 $f ${SCRIPT_ARGS} > logs/$(basename $f .py).log 2>&1 & pids+=($!) ;;
     gputests) timeout $T python3 -m pytest -q -m gpu -rA --tb=short ${KEXPR:+-k "$KEXPR"} ${K:-tests/gpu} \
                 > logs/gputests${GTN}.log 2>&1 & pids+=($!) ;;
     optmad) timeout $T python3 benchmarks/optimizer_mad.py --workers ${OW:-10} --steps ${OSTEPS:-1000} \
