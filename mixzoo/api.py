@@ -14,6 +14,7 @@ width (a constructor refusing its knobs is bad input) and its causality checked 
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import functools
 import json
@@ -311,9 +312,57 @@ def run_spec(spec, *, seeds=None, results: str | Path | None = "mixzoo-results",
     return rows
 
 
+def run_stacked(specs, *, seeds, device: str | None = "auto", study: str | None = None, trials=None,
+                command: str | None = None, log: Callable[[str], None] | None = None, on_eval=None,
+                mode: str = "stacked", search_space: dict[str, Any] | None = None):
+    """Run K :class:`~mixzoo.spec.RunSpec` (``specs[k]`` on ``seeds[k]``) as one stacked model
+    (:func:`mixzoo.train.stacked.train_stacked`; the specs may differ only in ``lr`` and
+    ``weight_decay``) and return ``(rows, hook_errors)``: one row per run, built by :func:`make_row`
+    as :func:`run_spec` builds it (not written), its ``spec_json`` naming the step mode that ran
+    (``stacked``, or ``eager`` where the stacked step could not run); and what each run's
+    ``on_eval[k]`` raised (it stopped that run only), else None. ``trials[k]``: the row's trial."""
+    from .registry import wants_l_max
+    from .train.stacked import train_stacked
+    specs, seeds = list(specs), [int(s) for s in seeds]
+    if not specs or len(specs) != len(seeds):
+        raise UsageError(f"run_stacked: {len(specs)} specs but {len(seeds)} seeds")
+    spec = specs[0]
+
+    def shape(s):
+        return (s.task, dict(s.task_knobs), s.model, dict(s.mixer_knobs), dict(s.backbone), s.recipe,
+                {k: v for k, v in s.train.items() if k not in ("lr", "weight_decay", "step_mode")})
+    for s in specs[1:]:
+        if shape(s) != shape(spec):
+            raise UsageError("run_stacked: the specs differ in more than lr and weight_decay")
+    t = spec.make_task()
+    mspec = get_mixer(spec.model)
+    if t.kind == "training-free":
+        raise UsageError(f"task {spec.task!r} is training-free; run it with 'mixzoo {spec.task}'")
+    probe = probe_mixer(spec.model, dict(spec.mixer_knobs), spec.backbone["d_model"], spec.backbone["num_heads"],
+                        seq_len=t.seq_len, allow_noncausal=spec.allow_noncausal, log=log)
+    build_knobs = dict(spec.mixer_knobs)
+    if wants_l_max(mspec) and "l_max" not in build_knobs:
+        build_knobs["l_max"] = t.seq_len
+    cfgs = [dataclasses.replace(s.train_config(), step_mode=mode) for s in specs]
+    if log:
+        log(f"{t.name} [{spec.task_preset or 'custom'}] × {spec.model} seeds {seeds} ({mode}, K={len(specs)})")
+    results = train_stacked(t, spec.model, build_knobs, spec.model_config(), cfgs, seeds, device=device,
+                            on_eval=on_eval, log=log)
+    run_id = uuid.uuid4().hex[:16]
+    trials = list(trials) if trials is not None else [None] * len(specs)
+    rows = []
+    for k, (s, seed, res) in enumerate(zip(specs, seeds, results)):
+        if probe["has_backend"] is False and res.backend == "torch":
+            res.backend = mspec.impl.__name__
+        ran = dataclasses.replace(s.with_seed(seed), train={**s.train, "step_mode": getattr(res, "step_mode", mode)})
+        rows.append(make_row(ran, t, res, run_id=f"{run_id}-s{seed}-k{k}", study=study, trial=trials[k],
+                             command=command, search_space=search_space))
+    return rows, [getattr(r, "hook_error", None) for r in results]
+
+
 def command_line() -> str:
     return " ".join(["mixzoo", *sys.argv[1:]])
 
 
 __all__ = ["check_mixer_knobs", "check_results_dir", "coerce_hparams", "make_row", "make_task",
-           "probe_mixer", "provenance", "run", "run_spec", "split_hparams", "write_results"]
+           "probe_mixer", "provenance", "run", "run_spec", "run_stacked", "split_hparams", "write_results"]

@@ -16,6 +16,12 @@ process that cannot be inspected) is stale: the first worker to mark it FAIL (``
 a retry with the same parameters in the same slot, so the budget is met exactly. The host is
 ``socket.gethostname()``, or ``MIXZOO_HOSTNAME`` where that is not unique (containers).
 
+With ``stack = K`` (opt-in; default 1) a worker claims up to K slots of one study at once, each
+claimed and owned as above, and trains them as one stacked model (:func:`run_search_batch`,
+:func:`run_final_batch`); each trial is still sampled, heartbeated, pruned and told on its own, so
+reaping, retries and the one-row-per-seed rule are unchanged. Only a study whose runs differ in lr,
+weight_decay and the seed alone can stack (:func:`stack_blocker`); any other runs one at a time.
+
 A worker interrupted (Ctrl-C, or SIGTERM: :class:`Terminated`) gives its trial back the same
 way before it stops, so a rerun from any host runs it at once. A final run whose leaderboard
 row cannot be written (a full disk) is recorded FAIL with the reason and re-enqueued, and the
@@ -228,23 +234,32 @@ def reap(storage, sid: int, trials, grace: float, log: Callable[[str], None]) ->
 
 
 @contextlib.contextmanager
-def given_back_on_interrupt(ctx, sid: int, t):
-    """Run the claimed trial ``t``; on Ctrl-C or SIGTERM, give it back (retired and re-enqueued,
-    as a reaper would) before the interrupt goes on, so a rerun from any host runs it at once
-    instead of waiting for the grace period. Best effort: a trial left RUNNING is reaped."""
+def given_back_on_interrupt(ctx, sid: int, *ts):
+    """Run the claimed trials ``ts`` (one, or a stacked batch); on Ctrl-C or SIGTERM, give each back
+    (retired and re-enqueued, as a reaper would) before the interrupt goes on, so a rerun from any
+    host runs it at once instead of waiting for the grace period. Best effort: a trial left RUNNING
+    is reaped."""
     try:
         yield
     except KeyboardInterrupt as e:
         how = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
-        with contextlib.suppress(Exception):
-            if retire(ctx.storage, sid, t, f"interrupted ({how}); retried"):
-                ctx.log(f"interrupted ({how}): trial {t.number} (slot {t.user_attrs.get('slot')}) given back "
-                        f"for the rerun")
+        for t in ts:
+            with contextlib.suppress(Exception):
+                if retire(ctx.storage, sid, t, f"interrupted ({how}); retried"):
+                    ctx.log(f"interrupted ({how}): trial {t.number} (slot {t.user_attrs.get('slot')}) given back "
+                            f"for the rerun")
         raise
 
 
 def claim(storage, trials) -> Any | None:
     """Move one canonical WAITING trial to RUNNING, lowest slot first; None if none was won."""
+    got = claim_many(storage, trials, 1)
+    return got[0] if got else None
+
+
+def claim_many(storage, trials, n: int) -> list[Any]:
+    """Move up to ``n`` canonical WAITING trials to RUNNING, lowest slots first, each claimed (and
+    owned) on its own as :func:`claim` does: the trials won, possibly fewer than ``n`` or none."""
     from optuna.exceptions import UpdateFinishedTrialError
     TS = _states()
     slots, dups = canonical(trials)
@@ -255,7 +270,10 @@ def claim(storage, trials) -> Any | None:
                     storage.set_trial_user_attr(t._trial_id, "duplicate", True)
                     storage.set_trial_user_attr(t._trial_id, "reason", "duplicate slot; not run")
                     storage.set_trial_state_values(t._trial_id, state=TS.FAIL)
+    won: list[Any] = []
     for slot in sorted(slots):
+        if len(won) >= n:
+            break
         t = slots[slot]
         if t.state != TS.WAITING:
             continue
@@ -263,24 +281,27 @@ def claim(storage, trials) -> Any | None:
             if storage.set_trial_state_values(t._trial_id, state=TS.RUNNING):
                 storage.set_trial_user_attr(t._trial_id, "owner", owner_token())
                 storage.set_trial_user_attr(t._trial_id, "heartbeat", time.time())
-                return t
+                won.append(t)
         except (UpdateFinishedTrialError, RuntimeError):
             continue
-    return None
+    return won
 
 
 @contextlib.contextmanager
-def heartbeat(storage, trial_id: int, interval: float = HEARTBEAT_S):
+def heartbeat(storage, trial_id: int | list[int], interval: float = HEARTBEAT_S):
+    """Refresh the heartbeat of the trial ``trial_id`` (or of each of a list: a stacked batch)."""
     stop = threading.Event()
+    live = [trial_id] if isinstance(trial_id, int) else list(trial_id)
 
     def beat():
-        while not stop.wait(interval):
-            try:
-                storage.set_trial_user_attr(trial_id, "heartbeat", time.time())
-            except StorageError:
-                continue  # storage down or disk full: beat again later (the main thread stops the worker)
-            except Exception:
-                return  # finished (or reaped) meanwhile
+        while live and not stop.wait(interval):
+            for tid in list(live):
+                try:
+                    storage.set_trial_user_attr(tid, "heartbeat", time.time())
+                except StorageError:
+                    continue  # storage down or disk full: beat again later (the main thread stops the worker)
+                except Exception:
+                    live.remove(tid)  # finished (or reaped) meanwhile
     th = threading.Thread(target=beat, daemon=True, name="mixzoo-heartbeat")
     th.start()
     try:
@@ -321,6 +342,7 @@ class Context:
     trainer_log: Callable[[str], None]    # verbose lines (the worker's log file)
     grace: float = GRACE_S
     missing: dict[str, float] = field(default_factory=dict)   # study -> first seen with a slot missing
+    noted: set = field(default_factory=set)                    # (study, phase) told why it is not stacked
 
 
 def setup(ctx: Context, units: list[Unit]) -> None:
@@ -401,10 +423,13 @@ def step(ctx: Context, units: list[Unit]) -> str:
             continue
         ctx.missing.pop(u.study, None)
         if not all(t.state.is_finished() for t in slots.values()):
-            t = claim(ctx.storage, trials)
-            if t is not None:
-                with given_back_on_interrupt(ctx, sid, t):
-                    run_search_trial(ctx, u, t)
+            got = claim_many(ctx.storage, trials, stack_size(ctx, u, "search"))
+            if got:
+                with given_back_on_interrupt(ctx, sid, *got):
+                    if len(got) == 1:
+                        run_search_trial(ctx, u, got[0])
+                    else:
+                        run_search_batch(ctx, u, got)
                 return "worked"
             waiting = True
             continue
@@ -421,10 +446,13 @@ def step(ctx: Context, units: list[Unit]) -> str:
             continue
         if all(t.state.is_finished() for t in fslots.values()):
             continue
-        t = claim(ctx.storage, ftrials)
-        if t is not None:
-            with given_back_on_interrupt(ctx, fid, t):
-                run_final(ctx, u, fid, t)
+        got = claim_many(ctx.storage, ftrials, stack_size(ctx, u, "final", best.params))
+        if got:
+            with given_back_on_interrupt(ctx, fid, *got):
+                if len(got) == 1:
+                    run_final(ctx, u, fid, got[0])
+                else:
+                    run_final_batch(ctx, u, fid, got)
             return "worked"
         waiting = True
     return "wait" if waiting else "done"
@@ -522,6 +550,13 @@ def run_search_trial(ctx: Context, u: Unit, frozen) -> None:
         except Exception as e:
             _record_failure(ctx, frozen, tag, e)
             return
+    _tell_search(ctx, u, frozen, tag, row)
+
+
+def _tell_search(ctx: Context, u: Unit, frozen, tag: str, row: dict[str, Any]) -> None:
+    """Tell a search trial's outcome from its (unwritten) row: COMPLETE with the validation metric,
+    else FAIL with the row's reason."""
+    from optuna.trial import TrialState as TS
     if row["state"] == "COMPLETE" and row["val_metric_value"] is not None:
         v = float(row["val_metric_value"])
         for k in ("steps", "best_step", "steps_per_s", "params"):
@@ -533,6 +568,125 @@ def run_search_trial(ctx: Context, u: Unit, frozen) -> None:
         why = row.get("state_reason") or "failed"
         _finish(ctx.storage, frozen._trial_id, TS.FAIL, reason=why)
         ctx.log(f"{tag}: FAIL ({why})")
+
+
+# ---------------------------------------------------------------------------- stacked batches
+STACKABLE = ("lr", "weight_decay")    # what may differ between the runs of one stacked batch (and the seed)
+
+
+def stack_blocker(u: Unit, params: dict[str, Any] | None = None) -> str | None:
+    """Why ``u``'s trials cannot be trained as one stacked batch (``train_stacked``'s contract: the
+    runs differ only in seed, lr and weight_decay; adamw; compile off), or None when they can.
+    ``params`` None: the search trials (the space may vary only lr and weight_decay); else the
+    final runs of that configuration (the same one, over seeds)."""
+    if params is None:
+        other = [k for k in u.space if k not in STACKABLE]
+        if other:
+            return (f"its search space varies {', '.join(other)} (a stacked batch may differ only in "
+                    f"{', '.join(STACKABLE)} and the seed)")
+        spec = u.run_spec()
+    else:
+        try:
+            spec = u.run_spec().with_hparams(params, label="best configuration:")
+        except Exception as e:
+            return f"its best configuration does not build ({type(e).__name__})"
+    cfg = spec.train_config()
+    if cfg.optimizer != "adamw":
+        return f"optimizer={cfg.optimizer!r} (stacked training runs adamw only)"
+    if cfg.compile != "off":
+        return f"compile={cfg.compile!r} (stacked training runs with compile=off)"
+    return None
+
+
+def stack_size(ctx: Context, u: Unit, phase: str, params: dict[str, Any] | None = None) -> int:
+    """How many trials of ``u``'s ``phase`` ("search" or "final") this worker takes at a time: the
+    unit's ``stack`` where its trials can be stacked, else 1 (said once per study and phase)."""
+    k = int(getattr(u, "stack", 1) or 1)
+    if k <= 1:
+        return 1
+    why = stack_blocker(u, params if phase == "final" else None)
+    if why is None:
+        return k
+    if (u.study, phase) not in ctx.noted:
+        ctx.noted.add((u.study, phase))
+        ctx.log(f"{u.task}[{u.label}] {u.model}: stack = {k} not used for its {phase} "
+                f"{'trials' if phase == 'search' else 'seeds'}: {why}; running them one at a time")
+    return 1
+
+
+def _stacked_mode(u: Unit) -> str:
+    return "stacked+graphed" if u.run_spec().train.get("step_mode") in ("graphed", "stacked+graphed") else "stacked"
+
+
+def _hook_outcome(ctx: Context, frozen, tag: str, err: BaseException) -> None:
+    """Tell a batch trial whose own run was stopped by its ``on_eval`` hook (pruned, reclaimed)."""
+    import optuna
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.trial import TrialState as TS
+    if isinstance(err, optuna.TrialPruned):
+        _finish(ctx.storage, frozen._trial_id, TS.PRUNED, reason=str(err) or "pruned")
+        ctx.log(f"{tag}: PRUNED ({err})")
+    elif isinstance(err, UpdateFinishedTrialError):
+        ctx.log(f"{tag}: reclaimed by another worker meanwhile (this one was presumed lost); "
+                f"stopped, its result is dropped")
+    elif isinstance(err, StorageError):
+        raise err
+    else:
+        why = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+        _finish(ctx.storage, frozen._trial_id, TS.FAIL, reason=why)
+        ctx.log(f"{tag}: FAIL ({why})")
+
+
+def run_search_batch(ctx: Context, u: Unit, frozens: list) -> None:
+    """Search trials ``frozens`` (claimed together; lr and weight_decay are all the space varies)
+    trained as one stacked model (``api.run_stacked``). Each is still its own Optuna trial: its own
+    sampler (seeded by its slot) suggests its parameters, the heartbeat covers every trial of the
+    batch, each reports to its own pruner (a pruned run stops and is frozen while the others train
+    on) and each is told on its own, exactly as :func:`run_search_trial` tells one trial."""
+    import optuna
+
+    from .. import api
+    items = []          # (frozen, trial, tag, spec)
+    with heartbeat(ctx.storage, [f._trial_id for f in frozens]):
+        for f in frozens:
+            slot = f.user_attrs["slot"]
+            tag = f"{u.task}[{u.label}] {u.model} trial {f.number} (slot {slot})"
+            try:
+                study = optuna.load_study(study_name=u.study, storage=ctx.storage, sampler=make_sampler(u, slot),
+                                          pruner=make_pruner(u))
+                study.get_trials(deepcopy=False)      # as run_search_trial: the RDB cache must have read it
+                trial = optuna.Trial(study, f._trial_id)
+                params = suggest(trial, u.space)
+                spec = u.run_spec().with_hparams(params, label=f"trial {f.number}:")
+                ctx.storage.set_trial_user_attr(f._trial_id, "stack", len(frozens))
+            except StorageError:
+                raise
+            except Exception as e:
+                _record_failure(ctx, f, tag, e)
+                continue
+            ctx.trainer_log(f"start {tag} (stacked batch of {len(frozens)}): {json.dumps(params, default=str)}")
+            items.append((f, trial, tag, spec))
+        if not items:
+            return
+        try:
+            rows, errs = api.run_stacked([it[3] for it in items], seeds=[u.search_seed] * len(items),
+                                         device=ctx.device, study=u.study, trials=[it[0].number for it in items],
+                                         command=ctx.command, log=ctx.trainer_log, mode=_stacked_mode(u),
+                                         on_eval=[pruning_hook(it[1], u.metric) for it in items],
+                                         search_space=u.space)
+        except StorageError:
+            raise
+        except Exception as e:
+            for f, _, tag, _ in items:
+                _record_failure(ctx, f, tag, e)
+            return
+    for (f, _, tag, _), row, err in zip(items, rows, errs):
+        with contextlib.suppress(Exception):
+            ctx.storage.set_trial_user_attr(f._trial_id, "step_mode", json.loads(row["spec_json"])["train"]["step_mode"])
+        if err is not None:
+            _hook_outcome(ctx, f, tag, err)
+        else:
+            _tell_search(ctx, u, f, tag, row)
 
 
 # ---------------------------------------------------------------------------- final runs
@@ -635,3 +789,70 @@ def run_final(ctx: Context, u: Unit, fid: int, frozen) -> None:
     else:
         _finish(ctx.storage, frozen._trial_id, TS.FAIL, reason=row.get("state_reason") or "failed")
         ctx.log(f"{tag}: FAIL ({row.get('state_reason')})")
+
+
+def run_final_batch(ctx: Context, u: Unit, fid: int, frozens: list) -> None:
+    """Final seeds ``frozens`` (claimed together) of the best configuration trained as one stacked
+    model; then, seed by seed, the row written (only if no row of (study, seed) exists, and only
+    while this worker still holds the trial) and the trial told, as :func:`run_final` does."""
+    import optuna
+    from optuna.trial import TrialState as TS
+
+    from .. import api
+    sa = optuna.load_study(study_name=u.final_study, storage=ctx.storage).user_attrs
+    hp, best = json.loads(sa["hparams"]), int(sa["best_trial"])
+    with heartbeat(ctx.storage, [f._trial_id for f in frozens]):
+        have = existing_rows(ctx.results, u.task, u.study)
+        todo = []
+        for f in frozens:
+            seed = int(f.user_attrs["seed"])
+            tag = f"{u.task}[{u.label}] {u.model} best trial {best}, seed {seed}"
+            if seed in have:  # written before a crash: never twice
+                r = have[seed]
+                _finish(ctx.storage, f._trial_id, TS.COMPLETE if r["state"] == "COMPLETE" else TS.FAIL,
+                        value=r["metric_value"] if r["state"] == "COMPLETE" else None,
+                        reason=None if r["state"] == "COMPLETE" else "row already in the leaderboard")
+                ctx.log(f"{tag}: row already in the leaderboard")
+            else:
+                todo.append((f, seed, tag))
+        if not todo:
+            return
+        try:
+            seeds = [s for _, s, _ in todo]
+            ctx.trainer_log(f"start final {u.task}[{u.label}] {u.model} best trial {best}, seeds {seeds} "
+                            f"(stacked batch of {len(todo)}): {json.dumps(hp, default=str)}")
+            spec = u.run_spec().with_hparams(hp, label=f"best trial {best}:")
+            if len(todo) == 1:
+                rows = api.run_spec(spec, seeds=seeds, results=None, device=ctx.device, study=u.study, trial=best,
+                                    command=ctx.command, log=ctx.trainer_log, search_space=u.space)
+            else:
+                rows, _ = api.run_stacked([spec] * len(todo), seeds=seeds, device=ctx.device, study=u.study,
+                                          trials=[best] * len(todo), command=ctx.command, log=ctx.trainer_log,
+                                          mode=_stacked_mode(u), search_space=u.space)
+        except StorageError:
+            raise
+        except Exception as e:
+            for f, _, tag in todo:
+                _record_failure(ctx, f, tag, e)
+            return
+        for i, ((f, seed, tag), row) in enumerate(zip(todo, rows)):
+            now = ctx.storage.get_trial(f._trial_id)
+            if now.state != TS.RUNNING or seed in existing_rows(ctx.results, u.task, u.study):
+                ctx.log(f"{tag}: finished elsewhere meanwhile; row not written")
+                continue
+            try:
+                api.write_results(ctx.results, [row])   # one file per seed, as run_final writes
+            except OSError as e:
+                detail = os.strerror(e.errno) if e.errno else (str(e).strip().splitlines() or [type(e).__name__])[-1]
+                why = f"cannot write the leaderboard row under {Path(ctx.results) / 'leaderboard'}: {detail}"
+                ctx.trainer_log(traceback.format_exc())
+                for g, _, _ in todo[i:]:      # this seed and the ones not written yet: retried
+                    retire(ctx.storage, fid, g, f"{why}; retried")
+                raise StorageError(f"{tag}: {why}; free space (or fix the disk) and rerun the same command "
+                                   f"to resume") from e
+            if row["state"] == "COMPLETE":
+                _finish(ctx.storage, f._trial_id, TS.COMPLETE, value=float(row["metric_value"]))
+                ctx.log(f"{tag}: test {u.metric} {row['metric_value']:.4f}")
+            else:
+                _finish(ctx.storage, f._trial_id, TS.FAIL, reason=row.get("state_reason") or "failed")
+                ctx.log(f"{tag}: FAIL ({row.get('state_reason')})")

@@ -180,7 +180,7 @@ def _worker_argv(args, spec: Spec, spec_arg: str, index: int) -> list[str]:
     argv += ["sweep", spec_arg, "--worker-index", str(index)]
     if spec.preset:
         argv += ["--budget", spec.preset]
-    for k in ("models", "tasks", "trials", "seeds"):
+    for k in ("models", "tasks", "trials", "seeds", "stack"):
         v = getattr(args, k, None)
         if v is not None and not (args.command == "compare" and k == "models"):
             argv += [f"--{k}", str(v)]
@@ -346,6 +346,7 @@ def export_trials(ctx: engine.Context, spec: Spec, status: list[dict]) -> Path |
                              "state": t.state.name, "value": t.value, "reason": ua.get("reason"),
                              "params_json": json.dumps(t.params, sort_keys=True, default=str),
                              "retry_of": ua.get("retry_of"), "stale": bool(ua.get("stale", False)),
+                             "step_mode": ua.get("step_mode"),      # set for a trial of a stacked batch
                              "duration_s": t.duration.total_seconds() if t.duration else None})
     if not rows:
         return None
@@ -417,7 +418,7 @@ def compare(args, storage: str | None) -> int:
     raw.update({"name": f"compare-{args.task}-{axis}", "tasks": {args.task: tt}, "models": models})
     raw.update({"default_budget": preset, "budgets": {preset: {}}} if preset else {})
     raw.pop("ttr", None)
-    spec = load(raw["name"], None, raw=raw, trials=args.trials, seeds=args.seeds)
+    spec = load(raw["name"], None, raw=raw, trials=args.trials, seeds=args.seeds, stack=getattr(args, "stack", None))
     d = Path(args.results) / "sweeps" / "compare"
     d.mkdir(parents=True, exist_ok=True)
     spec_file = d / f"{spec.name}{'-' + preset if preset else ''}.json"

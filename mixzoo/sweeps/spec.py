@@ -15,6 +15,9 @@ Layout (every key optional unless marked)::
     [pruner]                      # kind = median|hyperband|threshold|none, and its settings
     [search.<model>]              # replaces/extends a mechanism's registered search space
     enqueue = [{lr = 1e-3}]       # configurations tried first (Optuna enqueue_trial), per slot
+    stack = 1                     # a worker takes up to this many trials of a study at a time and
+                                  # trains them as one stacked model (train_stacked), where the space
+                                  # varies only lr / weight_decay; 1 (default): one trial at a time
     [tasks.<task>]                # required: one table per task
     preset = "zoology-64"         #   the task's own preset
     knobs = {V = 8192}            #   fixed knobs
@@ -49,7 +52,8 @@ from typing import Any
 from ..errors import UsageError
 
 TOP_KEYS = {"name", "description", "default_budget", "default_preset", "models", "trials", "seeds", "search_seed",
-            "recipe", "train", "sampler", "pruner", "search", "enqueue", "tasks", "budgets", "presets", "ttr"}
+            "recipe", "train", "sampler", "pruner", "search", "enqueue", "tasks", "budgets", "presets", "ttr",
+            "stack"}
 TASK_KEYS = {"preset", "knobs", "grid", "settings", "train", "models", "trials", "enqueue"}
 SAMPLER_DEFAULTS = {"seed": 0, "n_startup_trials": 10, "n_ei_candidates": 24, "multivariate": True,
                     "constant_liar": True}
@@ -83,6 +87,8 @@ class Unit:
     direction: str = "maximize"
     metric: str = "accuracy"
     base: Any = field(default=None, repr=False, compare=False)   # the RunSpec of the fixed part
+    stack: int = 1                 # trials a worker trains at a time as one stacked model (not hashed:
+                                   # how trials run, not what they compute)
 
     def run_spec(self):
         """The unit's :class:`~mixzoo.spec.RunSpec` before search (the fixed hyperparameters; the
@@ -234,7 +240,8 @@ def _check_hparams(where: str, hp: dict, model: str | None = None) -> None:
 
 
 def load(spec: str, preset: str | None = None, *, models: list[str] | None = None, tasks: list[str] | None = None,
-         trials: int | None = None, seeds: int | None = None, raw: dict | None = None) -> Spec:
+         trials: int | None = None, seeds: int | None = None, raw: dict | None = None,
+         stack: int | None = None) -> Spec:
     """Read, merge the budget preset into, validate and expand a spec into units."""
     from ..registry import get_mixer, get_task
     from ..spec import _section_of, typed
@@ -270,6 +277,7 @@ def load(spec: str, preset: str | None = None, *, models: list[str] | None = Non
     top_trials = trials if trials is not None else raw.get("trials", 16)
     seed_list = _seeds(f"{where} seeds", seeds if seeds is not None else raw.get("seeds", 3))
     search_seed = _int(f"{where} search_seed", raw.get("search_seed", 1000), 0)
+    n_stack = _int(f"{where} stack", stack if stack is not None else raw.get("stack", 1))
     base_train = raw.get("train", {})
     _check_hparams(f"{where} [train]", base_train)
     search = raw.get("search", {})
@@ -363,7 +371,7 @@ def load(spec: str, preset: str | None = None, *, models: list[str] | None = Non
                 unit = Unit(spec=name, preset=preset, task=tname, task_preset=s_preset, knobs=s_knobs,
                             model=m, recipe=recipe, fixed=fixed, space=space, trials=n_trials,
                             seeds=seed_list, search_seed=search_seed, sampler=sampler, pruner=pruner,
-                            enqueue=enqueue, label=label, setting=dict(s),
+                            enqueue=enqueue, label=label, setting=dict(s), stack=n_stack,
                             direction="maximize" if task.primary.higher_is_better else "minimize",
                             metric=task.primary.name)
                 base = unit.run_spec()          # every value typed and checked, once, here
