@@ -777,17 +777,29 @@ def run_final(ctx: Context, u: Unit, fid: int, frozen) -> None:
         except OSError as e:
             # a full (or failing) results disk: the run is recorded FAIL with the reason and its
             # slot re-enqueued, and this worker stops: the next run would fail the same way
-            detail = os.strerror(e.errno) if e.errno else (str(e).strip().splitlines() or [type(e).__name__])[-1]
-            why = f"cannot write the leaderboard row under {Path(ctx.results) / 'leaderboard'}: {detail}"
-            ctx.trainer_log(traceback.format_exc())
-            retire(ctx.storage, fid, frozen, f"{why}; retried")
-            raise StorageError(f"{tag}: {why}; free space (or fix the disk) and rerun the same command "
-                               f"to resume") from e
+            _row_write_failed(ctx, tag, e, fid, [frozen])
+    _tell_final(ctx, u, tag, frozen._trial_id, row)
+
+
+def _row_write_failed(ctx: Context, tag: str, e: OSError, fid: int, frozens: list) -> None:
+    """A final row that could not be written: each of ``frozens`` retired (re-enqueued in its slot),
+    then StorageError (this worker stops; the next write would fail the same way)."""
+    detail = os.strerror(e.errno) if e.errno else (str(e).strip().splitlines() or [type(e).__name__])[-1]
+    why = f"cannot write the leaderboard row under {Path(ctx.results) / 'leaderboard'}: {detail}"
+    ctx.trainer_log(traceback.format_exc())
+    for g in frozens:
+        retire(ctx.storage, fid, g, f"{why}; retried")
+    raise StorageError(f"{tag}: {why}; free space (or fix the disk) and rerun the same command to resume") from e
+
+
+def _tell_final(ctx: Context, u: Unit, tag: str, trial_id: int, row: dict) -> None:
+    """Tell a final-seed trial its row's outcome: COMPLETE with the test metric, else FAIL with the reason."""
+    from optuna.trial import TrialState as TS
     if row["state"] == "COMPLETE":
-        _finish(ctx.storage, frozen._trial_id, TS.COMPLETE, value=float(row["metric_value"]))
+        _finish(ctx.storage, trial_id, TS.COMPLETE, value=float(row["metric_value"]))
         ctx.log(f"{tag}: test {u.metric} {row['metric_value']:.4f}")
     else:
-        _finish(ctx.storage, frozen._trial_id, TS.FAIL, reason=row.get("state_reason") or "failed")
+        _finish(ctx.storage, trial_id, TS.FAIL, reason=row.get("state_reason") or "failed")
         ctx.log(f"{tag}: FAIL ({row.get('state_reason')})")
 
 
@@ -842,17 +854,6 @@ def run_final_batch(ctx: Context, u: Unit, fid: int, frozens: list) -> None:
                 continue
             try:
                 api.write_results(ctx.results, [row])   # one file per seed, as run_final writes
-            except OSError as e:
-                detail = os.strerror(e.errno) if e.errno else (str(e).strip().splitlines() or [type(e).__name__])[-1]
-                why = f"cannot write the leaderboard row under {Path(ctx.results) / 'leaderboard'}: {detail}"
-                ctx.trainer_log(traceback.format_exc())
-                for g, _, _ in todo[i:]:      # this seed and the ones not written yet: retried
-                    retire(ctx.storage, fid, g, f"{why}; retried")
-                raise StorageError(f"{tag}: {why}; free space (or fix the disk) and rerun the same command "
-                                   f"to resume") from e
-            if row["state"] == "COMPLETE":
-                _finish(ctx.storage, f._trial_id, TS.COMPLETE, value=float(row["metric_value"]))
-                ctx.log(f"{tag}: test {u.metric} {row['metric_value']:.4f}")
-            else:
-                _finish(ctx.storage, f._trial_id, TS.FAIL, reason=row.get("state_reason") or "failed")
-                ctx.log(f"{tag}: FAIL ({row.get('state_reason')})")
+            except OSError as e:             # this seed and the ones not written yet: retried
+                _row_write_failed(ctx, tag, e, fid, [g for g, _, _ in todo[i:]])
+            _tell_final(ctx, u, tag, f._trial_id, row)
