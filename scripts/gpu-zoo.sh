@@ -8,8 +8,11 @@
 #   build        scripts/build-mamba-ssm.sh from .gpu/*.tar.gz (wheels to .gpu/build, then installed)
 #   madbench     mixzoo bench mixers --shape mad (alone: run it as the only part)
 #   gputests     pytest -m gpu on K (files, default tests/gpu), KEXPR selecting as pytest -k
+#   gputests2    a second pytest beside it, on K2 (KEXPR2), log logs/gputests-2.log
 #   script:F     python3 F $SCRIPT_ARGS (a benchmark script) in the background
 #   optmad       benchmarks/optimizer_mad.py (AdamW vs Muon on MAD; OW workers, OSTEPS steps)
+#   repro:N[,N]  mixzoo reproduce N --scale $RSCALE (default small) into results/, one figure after another,
+#                stopped by SIGTERM at the call's end (it resumes); results/ comes back as $OUT/results.tgz
 # gputests' log is logs/gputests$GTN.log; LLACHECK=1 makes div:CASE:lla rerun the captured launch
 # (benchmarks/lla_launch_check.py, then under compute-sanitizer memcheck and initcheck)
 # T: seconds for every part (default 540). Logs, JSON and captures are packed into $OUT/logs.tgz,
@@ -27,6 +30,7 @@ mkdir -p $TRITON_CACHE_DIR logs
 for f in scripts/h200-triton-autotune.tgz .gpu/at*.tgz; do [ -f $f ] && tar xzf $f -C $TRITON_CACHE_DIR; done
 pack() {
   (cd $TRITON_CACHE_DIR && find . -name '*.autotune.json' | tar czf $OUT/at.tgz -T -)
+  [ -n "$REPRO" ] && tar czf $OUT/results.tgz results
   tar czf $OUT/logs.tgz --exclude='nonfinite-*.pt' --exclude='*.full.pt' logs   # captures stay behind; report.json and small inputs come back
   if ls .gpu/build/wheels/*.whl >/dev/null 2>&1; then  # built wheels, in pieces under the 16 MiB file limit
     n=$(du -m -c .gpu/build/wheels/*.whl | tail -n 1 | cut -f1)
@@ -68,10 +72,18 @@ for part in "$@"; do
     madbench) timeout $T python3 -m mixzoo bench mixers --shape mad ${MIXERS} --out logs/madbench.json \
              > logs/madbench.log 2>&1 & pids+=($!) ;;
     script:*) f=${part#script:}; timeout $T python3 $f ${SCRIPT_ARGS} > logs/$(basename $f .py).log 2>&1 & pids+=($!) ;;
+    gputests2) timeout $T python3 -m pytest -q -m gpu -rA --tb=short ${KEXPR2:+-k "$KEXPR2"} ${K2} \
+                > logs/gputests-2.log 2>&1 & pids+=($!) ;;
     gputests) timeout $T python3 -m pytest -q -m gpu -rA --tb=short ${KEXPR:+-k "$KEXPR"} ${K:-tests/gpu} \
                 > logs/gputests${GTN}.log 2>&1 & pids+=($!) ;;
     optmad) timeout $T python3 benchmarks/optimizer_mad.py --workers ${OW:-10} --steps ${OSTEPS:-1000} \
               --results logs/optmad-res --out logs/optmad.json > logs/optmad.log 2>&1 & pids+=($!) ;;
+    repro:*) REPRO=1
+             (for n in $(echo ${part#repro:} | tr , ' '); do
+                [ $(left) -gt 30 ] || break
+                timeout -s TERM $(left) python3 -m mixzoo --results results reproduce $n --scale ${RSCALE:-small} \
+                  --workers ${RW:-auto} > logs/repro-$n.log 2>&1; echo "rc $?" >> logs/repro-$n.log
+              done) & pids+=($!) ;;
     *) echo "unknown part $part"; exit 2 ;;
   esac
 done

@@ -90,3 +90,22 @@ def test_installs_into_fla_dispatch(monkeypatch):
     want = chunk_bwd_dqkwg_torch(q=q, k=k, v=v, w=w, g=g, h=h, dv=dv, do=do, dh=dh, scale=0.25)
     for x, y in zip(got, want):
         torch.testing.assert_close(x, y)
+
+
+def test_float32_sums_under_autocast():
+    """fla calls its backward under the forward's autocast state: bf16 autocast must not turn the
+    float32 sums into bf16 matmuls (dg = q·dq - k·dk is a difference of them)."""
+    torch.manual_seed(0)
+    B, T, H, K, V, BT = 2, 96, 2, 16, 16, 32
+    NT = -(-T // BT)
+    bf = torch.bfloat16
+    q, k = torch.randn(B, T, H, K).to(bf), torch.randn(B, T, H, K).to(bf)
+    v, do, dv = (torch.randn(B, T, H, V).to(bf) for _ in range(3))
+    w = torch.randn(B, T, H, K).to(bf)
+    h, dh = torch.randn(B, NT, H, K, V).to(bf), torch.randn(B, NT, H, K, V)
+    g = torch.cat([(-torch.rand(B, BT, H) * 0.3).cumsum(1) for _ in range(NT)], 1) / math.log(2)
+    plain = chunk_bwd_dqkwg_torch(q, k, v, do, h, dh, w=w, g=g, dv=dv, chunk_size=BT)
+    with torch.autocast("cpu", dtype=bf):
+        auto = chunk_bwd_dqkwg_torch(q, k, v, do, h, dh, w=w, g=g, dv=dv, chunk_size=BT)
+    for name, a, b in zip(("dq", "dk", "dw", "dg"), plain, auto):
+        assert a.dtype == b.dtype and torch.equal(a, b), name

@@ -37,6 +37,14 @@ def chunk_bwd_dqkwg_torch(q, k, v, do, h, dh, w=None, g=None, g_gamma=None, dv=N
     None, dg (B, T, HV) float32, in fla's dtypes."""
     if g is None or g_gamma is not None or cu_seqlens is not None:
         raise ValueError("chunk_bwd_dqkwg_torch: only the gated (g), fixed-length case")
+    # fla runs its backward under the forward's autocast state (custom_bwd): bf16 autocast would
+    # turn the float32 matmuls below into bf16 ones with bf16 outputs, and dg = q·dq - k·dk is a
+    # difference of such products
+    with torch.autocast(q.device.type, enabled=False):
+        return _dqkwg(q, k, v, do, h, dh, w, g, dv, scale, state_v_first, chunk_size)
+
+
+def _dqkwg(q, k, v, do, h, dh, w, g, dv, scale, state_v_first, chunk_size):
     B, T, H, K = k.shape
     HV = v.shape[2]
     BT = chunk_size

@@ -1,7 +1,9 @@
 """Step modes on a GPU give plain training's numbers: ``graphed`` (the step as one CUDA graph)
 against the eager Lightning run, and ``stacked`` / ``stacked+graphed`` (4 runs as one batched model)
 against 4 separate eager runs, over 20 steps at MAD's baseline shape (mad-recall, the mad recipe:
-width 128 in 16 heads, batch 128), for softmax and one fla mechanism (gdn).
+width 128 in 16 heads, batch 128), for softmax and every mechanism whose stacked step runs as such
+(LLA's Triton kernel and Mamba-1's selective scan fall back to one model at a time, a fallback the
+trainer names).
 
 bf16 autocast: the graphed step runs the same kernels as the eager one (AdamW capturable rather
 than not), the stacked one batched GEMMs and kernels over K x B sequences, so the numbers agree up
@@ -46,7 +48,10 @@ def _record(name: str, rel: float) -> None:
             f.write(json.dumps({"test": name, "max_rel_train_loss": rel}) + "\n")
 
 
-@pytest.mark.parametrize("mixer", ["softmax", "gdn"])
+MIXERS = ["softmax", "gdn", "parallax", "mesa", "gla", "mamba", "hyena"]
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
 def test_graphed_matches_eager(mixer):
     from mixzoo.train import train
     task, mcfg, data, cfg, TrainConfig = _setup()
@@ -60,7 +65,7 @@ def test_graphed_matches_eager(mixer):
 
 
 @pytest.mark.parametrize("mode", ["stacked", "stacked+graphed"])
-@pytest.mark.parametrize("mixer", ["softmax", "gdn"])
+@pytest.mark.parametrize("mixer", MIXERS)
 def test_stacked_matches_separate_runs(mixer, mode):
     from mixzoo.train import train
     from mixzoo.train.stacked import train_stacked
