@@ -7,6 +7,7 @@
 #   zoo2         a second check-zoo (ZOO2_ARGS, W2 workers) into the same results
 #   build        scripts/build-mamba-ssm.sh from .gpu/*.tar.gz (wheels to .gpu/build, then installed)
 #   madbench     mixzoo bench mixers --shape mad (alone: run it as the only part)
+#   tput         mixzoo bench throughput $TP_ARGS (step modes side by side; alone), --out/--md under logs/
 #   gputests     pytest -m gpu on K (files, default tests/gpu), KEXPR selecting as pytest -k
 #   gputests2    a second pytest beside it, on K2 (KEXPR2), log logs/gputests-2.log
 #   script:F     python3 F $SCRIPT_ARGS (a benchmark script) in the background
@@ -15,6 +16,7 @@
 #                stopped by SIGTERM at the call's end (it resumes); results/ comes back as $OUT/results.tgz
 # gputests' log is logs/gputests$GTN.log; LLACHECK=1 makes div:CASE:lla rerun the captured launch
 # (benchmarks/lla_launch_check.py, then under compute-sanitizer memcheck and initcheck)
+# gputests parts stop with SIGINT at T, so that pytest still prints its summary.
 # T: seconds for every part (default 540). Logs, JSON and captures are packed into $OUT/logs.tgz,
 # Triton's autotune results into $OUT/at.tgz (unpacked from .gpu/at*.tgz at the start), built
 # mamba-ssm wheels (under 45 MiB) into $OUT/mw.part-* (cat them | tar x into .gpu/, as .gpu/mamba-whl).
@@ -71,10 +73,12 @@ for part in "$@"; do
              > logs/build.log 2>&1; cp .gpu/build/*.txt .gpu/build/*.log logs/ 2>/dev/null; echo "build rc $? in $(( $(date +%s) - t0 )) s" >> logs/build.log) & pids+=($!) ;;
     madbench) timeout $T python3 -m mixzoo bench mixers --shape mad ${MIXERS} --out logs/madbench.json \
              > logs/madbench.log 2>&1 & pids+=($!) ;;
+    tput) timeout $T python3 -m mixzoo bench throughput ${TP_ARGS} --out logs/throughput.json --md logs/throughput.md \
+             > logs/throughput.log 2>&1 & pids+=($!) ;;
     script:*) f=${part#script:}; timeout $T python3 $f ${SCRIPT_ARGS} > logs/$(basename $f .py).log 2>&1 & pids+=($!) ;;
-    gputests2) timeout $T python3 -m pytest -q -m gpu -rA --tb=short ${KEXPR2:+-k "$KEXPR2"} ${K2} \
+    gputests2) timeout -s INT -k 30 $T python3 -m pytest -q -m gpu -rA --tb=short ${KEXPR2:+-k "$KEXPR2"} ${K2} \
                 > logs/gputests-2.log 2>&1 & pids+=($!) ;;
-    gputests) timeout $T python3 -m pytest -q -m gpu -rA --tb=short ${KEXPR:+-k "$KEXPR"} ${K:-tests/gpu} \
+    gputests) timeout -s INT -k 30 $T python3 -m pytest -q -m gpu -rA --tb=short ${KEXPR:+-k "$KEXPR"} ${K:-tests/gpu} \
                 > logs/gputests${GTN}.log 2>&1 & pids+=($!) ;;
     optmad) timeout $T python3 benchmarks/optimizer_mad.py --workers ${OW:-10} --steps ${OSTEPS:-1000} \
               --results logs/optmad-res --out logs/optmad.json > logs/optmad.log 2>&1 & pids+=($!) ;;

@@ -69,13 +69,6 @@ class GatedDeltaNet(nn.Module):
         self.o_proj = nn.Linear(d_model, d_model, bias=False)
         self.backend = "torch-chunk"
 
-    # Head widths below this run fla's kernels on float32 q, k, v (backend name "+fp32"): at the mad
-    # recipe's 16 heads of 8, bf16 operands put relative errors of about 1e-1 on the decay's
-    # gradients (A_log, dt_bias) against float64, where the PyTorch path under the same autocast has
-    # about 1e-2 (``benchmarks/fast_vs_f64.py``). Such narrow heads are launch-bound, so float32
-    # costs little time there.
-    fla_fp32_below: int = 16
-
     def _fast(self, x):
         """fla's chunk kernel and the backend name, or (None, "torch-chunk")."""
         if not x.is_cuda or self.requested == "torch":
@@ -85,7 +78,7 @@ class GatedDeltaNet(nn.Module):
             if self.requested == "fla":
                 raise RuntimeError("gdn: backend='fla' asked for but fla's chunk kernel cannot run here")
             return None, "torch-chunk"
-        return fn, "fla-chunk" + suffix + ("+fp32" if self.dh < self.fla_fp32_below else "")
+        return fn, "fla-chunk" + suffix
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, d = x.shape
@@ -96,8 +89,6 @@ class GatedDeltaNet(nn.Module):
             # fla's kernels do the L2 norm of q and k, the decay -exp(A) softplus(a + dt_bias) with
             # its chunk cumsum, and β = σ(b) (x2 with allow_neg_eigval)
             q, k, v = _fla.pad_heads(*(t.reshape(B, T, self.h, self.dh).contiguous() for t in qkv.chunk(3, dim=-1)))
-            if self.backend.endswith("+fp32"):
-                q, k, v, a, b = (t.float() for t in (q, k, v, a, b))
             o = fast(q, k, v, g=a.contiguous(), beta=b.contiguous(), scale=self.dh ** -0.5,
                      use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=self.A_log,
                      dt_bias=self.dt_bias, use_beta_sigmoid_in_kernel=True,
