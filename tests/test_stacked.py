@@ -42,7 +42,7 @@ def _close(a: float, b: float, rel: float = 1e-5) -> bool:
     return abs(a - b) <= rel * max(abs(a), abs(b), 1e-12)
 
 
-@pytest.mark.parametrize("mixer", ["softmax", "gdn"])
+@pytest.mark.parametrize("mixer", ["softmax", "gdn", "parallax", "mesa", "gla", "mamba"])
 def test_stacked_runs_match_separate_runs(mixer):
     cfgs = [TrainConfig(lr=lr, weight_decay=wd, **BASE) for lr, wd in HP]
     solo = []
@@ -237,3 +237,21 @@ def test_folding_sends_sdpa_through_one_call():
         out = vmap(lambda x: F.scaled_dot_product_attention(x, x, x, is_causal=True))(q)
     assert F.scaled_dot_product_attention is orig
     torch.testing.assert_close(out, torch.stack([orig(x, x, x, is_causal=True) for x in q]))
+
+
+def test_short_convolution_under_vmap_keeps_autocast_s_dtype():
+    """vmap (stacked training) bypasses autocast's casts of conv1d (CUDA: a bf16 input against a
+    float32 bias fails; CPU: the conv runs in float32): ShortConv makes the casts itself, so the
+    stacked models run the eager models' bf16 convolution."""
+    from torch.func import functional_call, stack_module_state, vmap
+
+    from mixzoo.models.common import ShortConv
+    torch.manual_seed(0)
+    ms = [ShortConv(8, 4) for _ in range(3)]
+    params, bufs = stack_module_state(ms)
+    x = torch.randn(3, 2, 10, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = vmap(lambda p, b, xi: functional_call(ms[0], (p, b), (xi,)))(params, bufs, x)
+        ref = torch.stack([m(x[i]) for i, m in enumerate(ms)])
+    assert y.dtype == ref.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float(), ref.float(), atol=1.6e-2, rtol=1.6e-2)

@@ -360,7 +360,10 @@ def run_cell(shape: str, mixer: str, mode: str, K: int, device: str, steps: int,
         return {**row, "model_steps_per_s": float("nan")}
     rate, _, _ = _window(res.history, warmup)
     first = next((t for st, t in stamps if st >= warmup), None)
-    return {**row, "model_steps_per_s": K * rate, "t_first": first, "t_last": stamps[-1][1] if stamps else None}
+    # a stacked cell that fell back trained its K models one after another: their summed rate is
+    # one model's
+    n_at_once = K if row["ran"].startswith("stacked") else 1
+    return {**row, "model_steps_per_s": n_at_once * rate, "t_first": first, "t_last": stamps[-1][1] if stamps else None}
 
 
 def _mode_worker(spec_json: str) -> None:

@@ -43,7 +43,15 @@ class ShortConv(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         T = x.shape[1]
-        return self.conv(x.transpose(1, 2))[..., :T].transpose(1, 2)
+        w, b = self.conv.weight, self.conv.bias
+        # autocast's casts of conv1d's operands do not reach the call under vmap (stacked training
+        # runs K models as one: on CPU the conv then runs in float32, on CUDA it fails on a bf16
+        # input with a float32 bias), so they are made here, as autocast makes them
+        if torch.is_autocast_enabled(x.device.type):
+            dt = torch.get_autocast_dtype(x.device.type)
+            x, w, b = x.to(dt), w.to(dt), b.to(dt)
+        y = F.conv1d(x.transpose(1, 2), w, b, padding=self.k - 1, groups=self.conv.groups)
+        return y[..., :T].transpose(1, 2)
 
 
 class RMSNorm(nn.Module):
