@@ -168,10 +168,17 @@ def provenance() -> dict[str, Any]:
             return None
     here = Path(__file__).resolve().parent.parent
     sha, dirty = None, None
+    # MIXZOO_GIT_SHA: the commit of a tree exported without its .git (git archive); otherwise only
+    # a repository whose top level is this checkout counts (not one that merely contains it)
+    if os.environ.get("MIXZOO_GIT_SHA"):
+        sha, dirty = os.environ["MIXZOO_GIT_SHA"], False
     try:
-        sha = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True,
-                             text=True, timeout=5).stdout.strip() or None
-        if sha:
+        top = subprocess.run(["git", "-C", str(here), "rev-parse", "--show-toplevel"], capture_output=True,
+                             text=True, timeout=5).stdout.strip()
+        if sha is None and top and Path(top).resolve() == here:
+            sha = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True,
+                                 text=True, timeout=5).stdout.strip() or None
+        if sha and dirty is None:
             dirty = bool(subprocess.run(["git", "-C", str(here), "status", "--porcelain",
                                          "--untracked-files=no"], capture_output=True, text=True,
                                         timeout=5).stdout.strip())
