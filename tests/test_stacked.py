@@ -4,7 +4,8 @@ Tolerances (float32, CPU): losses (train and validation) within 1e-5 relative; f
 2e-4 of each tensor's norm and, elementwise, within 1e-2 x the run's learning rate. Adam's step is
 lr x m/sqrt(v), about lr whatever the gradient's size, so where a gradient is rounding noise (an
 embedding row barely used) a reordered sum moves that weight by a fraction of lr: the elementwise
-bound is stated in units of lr. Observed: losses <= 7e-7, norms <= 3.4e-5 (gdn), elements <= 8.4e-4 lr.
+bound is stated in units of lr. Observed: losses <= 7e-7, norms <= 3.4e-5 (gdn), elements <= 8.4e-4 lr;
+hyena's losses ~6e-5 (its FFTs, LOSS_RTOL below).
 """
 from __future__ import annotations
 
@@ -42,8 +43,14 @@ def _close(a: float, b: float, rel: float = 1e-5) -> bool:
     return abs(a - b) <= rel * max(abs(a), abs(b), 1e-12)
 
 
-@pytest.mark.parametrize("mixer", ["softmax", "gdn", "parallax", "mesa", "gla", "mamba"])
+# hyena's FFTs of K x B sequences are not the FFT plan of B: they round differently (~1e-7), which
+# 8 Adam steps at these learning rates amplify to ~1e-4 in the loss
+LOSS_RTOL = {"hyena": 3e-4}
+
+
+@pytest.mark.parametrize("mixer", ["softmax", "gdn", "parallax", "mesa", "gla", "mamba", "hyena"])
 def test_stacked_runs_match_separate_runs(mixer):
+    rel = LOSS_RTOL.get(mixer, 1e-5)
     cfgs = [TrainConfig(lr=lr, weight_decay=wd, **BASE) for lr, wd in HP]
     solo = []
     for c, s in zip(cfgs, SEEDS):
@@ -56,9 +63,9 @@ def test_stacked_runs_match_separate_runs(mixer):
         assert q.backend == r.backend and q.params == r.params and q.best_step == r.best_step
         assert [h["step"] for h in q.history] == [h["step"] for h in r.history] == [4, 8]
         for a, b in zip(r.history, q.history):
-            assert _close(a["train_loss"], b["train_loss"]) and _close(a["loss"], b["loss"]), (a, b)
+            assert _close(a["train_loss"], b["train_loss"], rel) and _close(a["loss"], b["loss"], rel), (a, b)
         for name in ("loss", "accuracy"):
-            assert _close(r.val[name], q.val[name]) and _close(r.test[name], q.test[name])
+            assert _close(r.val[name], q.val[name], rel) and _close(r.test[name], q.test[name], rel)
         assert sd.keys() == q.final_state_dict.keys()
         for k, p in sd.items():
             d = p - q.final_state_dict[k]
