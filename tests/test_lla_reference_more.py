@@ -111,3 +111,21 @@ def test_import_mixzoo_does_not_import_triton():
     code = "import sys, mixzoo, mixzoo.models.lla, mixzoo.kernels.lla; print('triton' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_many_sequences_run_in_slices_with_the_same_numbers(monkeypatch):
+    """A call whose key outer products exceed KK_BUDGET runs over slices of its first dimension
+    (ttr passes thousands of sequences at once): same outputs and gradients, per-sequence ridges
+    sliced with them."""
+    import mixzoo.kernels.lla.reference as ref
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(5, 2, 16, 4, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    lam = (torch.rand(5, 2, 16, generator=g, dtype=torch.float64) + 0.1).requires_grad_()
+    whole = lla_reference(q, k, v, ridge=lam)
+    want = torch.autograd.grad(whole.square().sum(), (q, k, v, lam))
+    monkeypatch.setattr(ref, "KK_BUDGET", 2 * 2 * 16 * 16)          # two sequences' worth a slice
+    sliced = lla_reference(q, k, v, ridge=lam)
+    torch.testing.assert_close(sliced, whole, rtol=1e-12, atol=1e-12)
+    for a, b in zip(torch.autograd.grad(sliced.square().sum(), (q, k, v, lam)), want):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(lla_reference(q, k, v, ridge=0.5), _dense(q, k, v, 0.5, 0.5), rtol=1e-9, atol=1e-9)
