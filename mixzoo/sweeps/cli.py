@@ -39,9 +39,10 @@ def configure(name: str, p) -> None:
                                      "default a journal file under the results dir)")
     p.add_argument("--trials", type=int, help="Optuna trials per (mechanism, setting), overriding the spec")
     p.add_argument("--seeds", type=int, help="final seeds of the best configuration (default: the spec's, 3)")
-    p.add_argument("--stack", type=int, metavar="K",
+    p.add_argument("--stack", metavar="K|auto",
                    help="train up to K trials of a study at a time as one stacked model (step_mode stacked), "
-                        "where its space varies only lr and weight_decay (default: the spec's stack, 1)")
+                        "where its space varies only lr and weight_decay; 1: one at a time; auto: by the run's "
+                        "size on a GPU, 1 elsewhere (default: the spec's stack, auto)")
     p.add_argument("--workers", default="1",
                    help="worker processes on this host (default 1: in this process); 'auto': GPUs x the packing "
                         "the run size calls for (several small runs per GPU), 1 without a GPU")
@@ -72,10 +73,15 @@ def _csv(v: str | None) -> list[str] | None:
 def main(args) -> int:
     from . import run as runner
     args.workers = parse_workers(args.workers)
+    if args.stack is not None and args.stack != "auto":
+        try:
+            args.stack = int(args.stack)
+        except ValueError:
+            raise UsageError(f"--stack {args.stack} is not allowed; allowed: an integer >= 1 or auto") from None
     for k in ("trials", "seeds", "stack"):
         v = getattr(args, k)
-        if v is not None and v < 1:
-            raise UsageError(f"--{k} {v} is not allowed; allowed: an integer >= 1")
+        if v is not None and v != "auto" and v < 1:
+            raise UsageError(f"--{k} {v} is not allowed; allowed: an integer >= 1" + (" or auto" if k == "stack" else ""))
     storage = args.storage or os.environ.get(STORAGE_ENV)
     if args.command == "sweep":
         spec = runner.load_spec(args.spec, args.budget, models=_csv(args.models), tasks=_csv(args.tasks),

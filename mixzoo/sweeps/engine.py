@@ -16,7 +16,14 @@ process that cannot be inspected) is stale: the first worker to mark it FAIL (``
 a retry with the same parameters in the same slot, so the budget is met exactly. The host is
 ``socket.gethostname()``, or ``MIXZOO_HOSTNAME`` where that is not unique (containers).
 
-With ``stack = K`` (opt-in; default 1) a worker claims up to K slots of one study at once, each
+On a CUDA device a spec that leaves them unset runs in the fastest step modes measured (README,
+"Step modes at MAD's baseline shape"): every run graphed (``step_mode`` "graphed" unless its
+``[train]`` names one; it falls back to eager, from scratch, where capture is not possible) and
+``stack = "auto"`` (the default) stacks as many trials as ``train.packing.stack_per_step`` gives
+for the run's size; on a CPU runs are eager, one at a time. Step modes give each run the numbers of
+training it alone, up to floating-point reordering, and are not part of a study's identity.
+
+With ``stack = K`` a worker claims up to K slots of one study at once, each
 claimed and owned as above, and trains them as one stacked model (:func:`run_search_batch`,
 :func:`run_final_batch`); each trial is still sampled, heartbeated, pruned and told on its own, so
 reaping, retries and the one-row-per-seed rule are unchanged. Only a study whose runs differ in lr,
@@ -343,6 +350,7 @@ class Context:
     grace: float = GRACE_S
     missing: dict[str, float] = field(default_factory=dict)   # study -> first seen with a slot missing
     noted: set = field(default_factory=set)                    # (study, phase) told why it is not stacked
+    cuda: bool | None = None                                   # whether ctx.device is a CUDA device (lazily)
 
 
 def setup(ctx: Context, units: list[Unit]) -> None:
@@ -530,7 +538,7 @@ def run_search_trial(ctx: Context, u: Unit, frozen) -> None:
         try:
             params = suggest(trial, u.space)
             ctx.trainer_log(f"start {tag}: {json.dumps(params, default=str)}")
-            spec = u.run_spec().with_hparams(params, label=f"trial {frozen.number}:")
+            spec = as_run_here(ctx, u, u.run_spec().with_hparams(params, label=f"trial {frozen.number}:"))
             rows = api.run_spec(spec, seeds=(u.search_seed,), results=None, device=ctx.device,
                                 study=u.study, trial=frozen.number, command=ctx.command, log=ctx.trainer_log,
                                 on_eval=pruning_hook(trial, u.metric), search_space=u.space)
@@ -598,10 +606,35 @@ def stack_blocker(u: Unit, params: dict[str, Any] | None = None) -> str | None:
     return None
 
 
+def on_cuda(ctx: Context) -> bool:
+    if ctx.cuda is None:
+        from ..train.loop import resolve_device
+        ctx.cuda = resolve_device(ctx.device).type == "cuda"
+    return ctx.cuda
+
+
+def auto_stack(ctx: Context, u: Unit) -> int:
+    """``stack = "auto"``: ``stack_per_step`` of the unit's run on a CUDA device, else 1."""
+    if not on_cuda(ctx):
+        return 1
+    from ..train.packing import stack_per_step
+    spec = u.run_spec()
+    return stack_per_step(spec.train_config().batch_size, spec.make_task().seq_len, spec.model_config().d_model)
+
+
+def as_run_here(ctx: Context, u: Unit, spec):
+    """``spec`` graphed on a CUDA device where the sweep's [train] names no step_mode."""
+    if "step_mode" in u.fixed or not on_cuda(ctx):
+        return spec
+    import dataclasses
+    return dataclasses.replace(spec, train={**spec.train, "step_mode": "graphed"})
+
+
 def stack_size(ctx: Context, u: Unit, phase: str, params: dict[str, Any] | None = None) -> int:
     """How many trials of ``u``'s ``phase`` ("search" or "final") this worker takes at a time: the
-    unit's ``stack`` where its trials can be stacked, else 1 (said once per study and phase)."""
-    k = int(getattr(u, "stack", 1) or 1)
+    unit's ``stack`` (``auto_stack`` for "auto") where its trials can be stacked, else 1 (said once
+    per study and phase)."""
+    k = int(u.stack) if getattr(u, "stack", None) is not None else auto_stack(ctx, u)
     if k <= 1:
         return 1
     why = stack_blocker(u, params if phase == "final" else None)
@@ -614,8 +647,9 @@ def stack_size(ctx: Context, u: Unit, phase: str, params: dict[str, Any] | None 
     return 1
 
 
-def _stacked_mode(u: Unit) -> str:
-    return "stacked+graphed" if u.run_spec().train.get("step_mode") in ("graphed", "stacked+graphed") else "stacked"
+def _stacked_mode(ctx: Context, u: Unit) -> str:
+    mode = as_run_here(ctx, u, u.run_spec()).train.get("step_mode")
+    return "stacked+graphed" if mode in ("graphed", "stacked+graphed") else "stacked"
 
 
 def _hook_outcome(ctx: Context, frozen, tag: str, err: BaseException) -> None:
@@ -671,7 +705,7 @@ def run_search_batch(ctx: Context, u: Unit, frozens: list) -> None:
         try:
             rows, errs = api.run_stacked([it[3] for it in items], seeds=[u.search_seed] * len(items),
                                          device=ctx.device, study=u.study, trials=[it[0].number for it in items],
-                                         command=ctx.command, log=ctx.trainer_log, mode=_stacked_mode(u),
+                                         command=ctx.command, log=ctx.trainer_log, mode=_stacked_mode(ctx, u),
                                          on_eval=[pruning_hook(it[1], u.metric) for it in items],
                                          search_space=u.space)
         except StorageError:
@@ -759,7 +793,7 @@ def run_final(ctx: Context, u: Unit, fid: int, frozen) -> None:
             return
         try:
             ctx.trainer_log(f"start final {tag}: {json.dumps(hp, default=str)}")
-            spec = u.run_spec().with_hparams(hp, label=f"best trial {best}:")
+            spec = as_run_here(ctx, u, u.run_spec().with_hparams(hp, label=f"best trial {best}:"))
             rows = api.run_spec(spec, seeds=(seed,), results=None, device=ctx.device, study=u.study, trial=best,
                                 command=ctx.command, log=ctx.trainer_log, search_space=u.space)
         except StorageError:
@@ -833,14 +867,14 @@ def run_final_batch(ctx: Context, u: Unit, fid: int, frozens: list) -> None:
             seeds = [s for _, s, _ in todo]
             ctx.trainer_log(f"start final {u.task}[{u.label}] {u.model} best trial {best}, seeds {seeds} "
                             f"(stacked batch of {len(todo)}): {json.dumps(hp, default=str)}")
-            spec = u.run_spec().with_hparams(hp, label=f"best trial {best}:")
+            spec = as_run_here(ctx, u, u.run_spec().with_hparams(hp, label=f"best trial {best}:"))
             if len(todo) == 1:
                 rows = api.run_spec(spec, seeds=seeds, results=None, device=ctx.device, study=u.study, trial=best,
                                     command=ctx.command, log=ctx.trainer_log, search_space=u.space)
             else:
                 rows, _ = api.run_stacked([spec] * len(todo), seeds=seeds, device=ctx.device, study=u.study,
                                           trials=[best] * len(todo), command=ctx.command, log=ctx.trainer_log,
-                                          mode=_stacked_mode(u), search_space=u.space)
+                                          mode=_stacked_mode(ctx, u), search_space=u.space)
         except StorageError:
             raise
         except Exception as e:

@@ -15,9 +15,12 @@ Layout (every key optional unless marked)::
     [pruner]                      # kind = median|hyperband|threshold|none, and its settings
     [search.<model>]              # replaces/extends a mechanism's registered search space
     enqueue = [{lr = 1e-3}]       # configurations tried first (Optuna enqueue_trial), per slot
-    stack = 1                     # a worker takes up to this many trials of a study at a time and
+    stack = "auto"                # a worker takes up to this many trials of a study at a time and
                                   # trains them as one stacked model (train_stacked), where the space
-                                  # varies only lr / weight_decay; 1 (default): one trial at a time
+                                  # varies only lr / weight_decay; 1: one trial at a time; "auto"
+                                  # (default): on a GPU as many as train/packing.py's stack_per_step
+                                  # gives (16 at MAD's baseline shape), elsewhere 1. Without a
+                                  # step_mode in [train], runs on a GPU are graphed (see engine.py)
     [tasks.<task>]                # required: one table per task
     preset = "zoology-64"         #   the task's own preset
     knobs = {V = 8192}            #   fixed knobs
@@ -87,8 +90,8 @@ class Unit:
     direction: str = "maximize"
     metric: str = "accuracy"
     base: Any = field(default=None, repr=False, compare=False)   # the RunSpec of the fixed part
-    stack: int = 1                 # trials a worker trains at a time as one stacked model (not hashed:
-                                   # how trials run, not what they compute)
+    stack: int | None = None       # trials a worker trains at a time as one stacked model; None: "auto"
+                                   # (not hashed: how trials run, not what they compute)
 
     def run_spec(self):
         """The unit's :class:`~mixzoo.spec.RunSpec` before search (the fixed hyperparameters; the
@@ -277,7 +280,8 @@ def load(spec: str, preset: str | None = None, *, models: list[str] | None = Non
     top_trials = trials if trials is not None else raw.get("trials", 16)
     seed_list = _seeds(f"{where} seeds", seeds if seeds is not None else raw.get("seeds", 3))
     search_seed = _int(f"{where} search_seed", raw.get("search_seed", 1000), 0)
-    n_stack = _int(f"{where} stack", stack if stack is not None else raw.get("stack", 1))
+    n_stack = stack if stack is not None else raw.get("stack", "auto")
+    n_stack = None if n_stack == "auto" else _int(f"{where} stack", n_stack)
     base_train = raw.get("train", {})
     _check_hparams(f"{where} [train]", base_train)
     search = raw.get("search", {})

@@ -10,6 +10,17 @@ from __future__ import annotations
 
 from typing import Any
 
+# models per stacked step where a sweep leaves ``stack = "auto"`` on a GPU: K x B x T x D up to
+# 16 x MAD's baseline (width 128, batch 128, length 128), where K = 16 was the fastest step mode
+# measured for every mechanism (README, "Step modes at MAD's baseline shape")
+STACK_MAX, STACK_WORK = 16, 16 * 128 * 128 * 128
+
+
+def stack_per_step(batch_size: int, seq_len: int, d_model: int) -> int:
+    """K for ``stack = "auto"`` on a GPU: 16 at MAD's baseline shape, fewer for larger runs."""
+    work = max(1, int(batch_size) * int(seq_len) * int(d_model))
+    return max(1, min(STACK_MAX, STACK_WORK // work))
+
 
 def procs_per_gpu(batch_size: int, seq_len: int, d_model: int) -> int:
     work = int(batch_size) * int(seq_len) * int(d_model)
