@@ -109,3 +109,37 @@ def test_float32_sums_under_autocast():
         auto = chunk_bwd_dqkwg_torch(q, k, v, do, h, dh, w=w, g=g, dv=dv, chunk_size=BT)
     for name, a, b in zip(("dq", "dk", "dw", "dg"), plain, auto):
         assert a.dtype == b.dtype and torch.equal(a, b), name
+
+
+def test_few_kernel_launches():
+    """This step runs once per gated fla backward and is launch-bound at the mad recipe's shapes on a
+    GPU: after the first call (its constant masks are made once per length and chunk), at most 56
+    operations that launch a kernel (78 before they were cached and the copies fused)."""
+    import collections
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    views = {"view", "transpose", "expand", "unsqueeze", "_unsafe_view", "alias", "slice", "select", "t",
+             "permute", "squeeze", "detach", "empty"}
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.n = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    B, T, H, K, V, BT = 2, 128, 4, 16, 16, 64
+    bf = torch.bfloat16
+    q, k, w = (torch.randn(B, T, H, K).to(bf) for _ in range(3))
+    v, do, dv = (torch.randn(B, T, H, V).to(bf) for _ in range(3))
+    h, dh = torch.randn(B, 2, H, K, V).to(bf), torch.randn(B, 2, H, K, V)
+    g = torch.cat([(-torch.rand(B, BT, H) * 0.3).cumsum(1) for _ in range(2)], 1) / math.log(2)
+    chunk_bwd_dqkwg_torch(q, k, v, do, h, dh, w=w, g=g, dv=dv, chunk_size=BT)
+    with Count() as c:
+        chunk_bwd_dqkwg_torch(q, k, v, do, h, dh, w=w, g=g, dv=dv, chunk_size=BT)
+    launches = sum(n for op, n in c.n.items() if op not in views)
+    assert launches <= 56, sorted(c.n.items())

@@ -44,6 +44,28 @@ def chunk_bwd_dqkwg_torch(q, k, v, do, h, dh, w=None, g=None, g_gamma=None, dv=N
         return _dqkwg(q, k, v, do, h, dh, w, g, dv, scale, state_v_first, chunk_size)
 
 
+def _index(T: int, BT: int, device: torch.device):
+    # not cached while a CUDA graph is being captured: tensors made then live in the graph's pool
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return _make_index.__wrapped__(T, BT, device)
+    return _make_index(T, BT, device)
+
+
+@functools.lru_cache(maxsize=64)
+def _make_index(T: int, BT: int, device: torch.device):
+    """The chunk layout's constant masks and indices, made once per (length, chunk, device): on a
+    GPU each would be a kernel launch per call, and this step is launch-bound at small shapes.
+    (NT,) index of each chunk's last valid position; (NT, BT) validity; (NT, BT, BT) causal and
+    valid pairs; (NT, BT) whether a position is its chunk's last."""
+    NT = -(-T // BT)
+    valid = (torch.arange(NT * BT, device=device) < T).reshape(NT, BT)
+    last = (torch.clamp(torch.arange(NT, device=device) * BT + BT, max=T) - 1) % BT
+    causal = torch.ones(BT, BT, dtype=torch.bool, device=device).tril()
+    mask = causal & valid.unsqueeze(-1) & valid.unsqueeze(-2)
+    at_last = torch.arange(BT, device=device).view(1, BT) == last.view(NT, 1)
+    return last, valid, mask, at_last
+
+
 def _dqkwg(q, k, v, do, h, dh, w, g, dv, scale, state_v_first, chunk_size):
     B, T, H, K = k.shape
     HV = v.shape[2]
@@ -54,65 +76,69 @@ def _dqkwg(q, k, v, do, h, dh, w, g, dv, scale, state_v_first, chunk_size):
         scale = K ** -0.5
     f32 = torch.float32
     cdt = do.dtype                        # fla's matmul operand dtype
+    dense = torch.contiguous_format
 
-    def chunks(x):                        # (B, T, HV, X) -> (B, NT, HV, BT, X), zero padded
+    def chunks(x):                        # (B, T, HV, X) -> (B, NT, HV, BT, X), zero padded (a view if T = Tp)
         if x.shape[1] != Tp:
             x = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, Tp - x.shape[1]))
         return x.reshape(B, NT, BT, x.shape[2], x.shape[3]).transpose(2, 3)
 
+    def f32_chunks(x):                    # the float32 copy, made dense in the chunk layout in one kernel
+        return chunks(x).to(f32, memory_format=dense)
+
     rep = HV // H
     qh = q.repeat_interleave(rep, dim=2) if rep > 1 else q
     kh = k.repeat_interleave(rep, dim=2) if rep > 1 else k
-    qc, kc = chunks(qh).to(f32), chunks(kh)
-    vc, doc = chunks(v), chunks(do)
+    qc, kf = f32_chunks(qh), f32_chunks(kh)
+    vf, dof = f32_chunks(v), f32_chunks(do)
     if state_v_first:
         h, dh = h.transpose(-1, -2), dh.transpose(-1, -2)
     hh = h.to(cdt).to(f32)                                          # (B, NT, HV, K, V)
     dhh = dh.to(v.dtype).to(f32)
+    # <h, dh> unrounded, as fla: h as given (hh is that when h is already in cdt), dh in float32
+    hdh = ((hh if h.dtype == cdt else h.to(f32)) * dh.to(f32)).sum((-1, -2)).unsqueeze(-1)
 
     gp = g.to(f32)
     if Tp != T:
         gp = torch.nn.functional.pad(gp, (0, 0, 0, Tp - T))
-    gc = gp.reshape(B, NT, BT, HV).transpose(2, 3)                  # (B, NT, HV, BT)
-    valid = (torch.arange(Tp, device=g.device) < T).reshape(NT, BT)[None, :, None, :]
-    last = (torch.clamp(torch.arange(NT, device=g.device) * BT + BT, max=T) - 1) % BT
+    gc = gp.reshape(B, NT, BT, HV).transpose(2, 3).contiguous()     # (B, NT, HV, BT)
+    last, valid, mask, at_last = _index(T, BT, g.device)
     g_last = gc.gather(-1, last.view(1, NT, 1, 1).expand(B, NT, HV, 1))  # (B, NT, HV, 1)
 
-    vf, dof = vc.to(f32), doc.to(f32)
     dq = (dof @ hh.transpose(-1, -2)) * (gc.exp2() * scale).unsqueeze(-1)
     dk = vf @ dhh.transpose(-1, -2)
-    dk = dk * torch.where(valid, (g_last - gc).exp2(), 0.0).unsqueeze(-1)
-    kf = kc.to(f32)
-    hdh = (h.to(f32) * dh.to(f32)).sum((-1, -2)).unsqueeze(-1)      # unrounded, as fla
+    decay = (g_last - gc).exp2()
+    if Tp != T:
+        decay = torch.where(valid.view(1, NT, 1, BT), decay, 0.0)
+    dk = dk * decay.unsqueeze(-1)
     dg_last = hdh * g_last.exp2() + (dk * kf).sum((-1, -2)).unsqueeze(-1)
 
     ds = dof @ vf.transpose(-1, -2)                                 # (B, NT, HV, BT, BT)
-    causal = torch.ones(BT, BT, dtype=torch.bool, device=g.device).tril()
-    mask = causal & valid.unsqueeze(-1) & valid.unsqueeze(-2)
-    ds = torch.where(mask, ds * (gc.unsqueeze(-1) - gc.unsqueeze(-2)).exp2(), 0.0) * scale
+    ds = torch.where(mask.view(1, NT, 1, BT, BT), ds * (gc.unsqueeze(-1) - gc.unsqueeze(-2)).exp2(), 0.0) * scale
     ds = ds.to(k.dtype).to(f32)
     dq = dq + ds @ kf
     dk = dk + ds.transpose(-1, -2) @ qc
     dg = (dq * qc).sum(-1) - (dk * kf).sum(-1)                      # (B, NT, HV, BT)
-    at_last = torch.arange(BT, device=g.device).view(1, 1, 1, BT) == last.view(1, NT, 1, 1)
-    dg = dg + torch.where(at_last, dg_last, 0.0)
+    dg = dg + torch.where(at_last.view(1, NT, 1, BT), dg_last, 0.0)
 
-    def unchunk(x):                       # (B, NT, HV, BT, X) -> (B, T, HV, X)
-        return x.transpose(2, 3).reshape(B, Tp, HV, x.shape[-1])[:, :T]
+    def unchunk(x, dtype):                # (B, NT, HV, BT, X) -> (B, T, HV, X) in dtype, dense: one copy
+        out = torch.empty(B, NT, BT, HV, x.shape[-1], dtype=dtype, device=x.device)
+        out.copy_(x.transpose(2, 3))
+        out = out.view(B, Tp, HV, x.shape[-1])
+        # fla's later kernels index these as contiguous (B, T, H, K) arrays: a partial last chunk
+        # leaves the [:, :T] slice strided, so copy it out
+        return out if Tp == T else out[:, :T].contiguous()
 
-    dq, dk = unchunk(dq), unchunk(dk)
     if rep > 1:
-        dq = dq.view(B, T, H, rep, K).sum(3)
-        dk = dk.view(B, T, H, rep, K).sum(3)
+        dq = unchunk(dq, f32).view(B, T, H, rep, K).sum(3).to(q.dtype)
+        dk = unchunk(dk, f32).view(B, T, H, rep, K).sum(3).to(k.dtype)
+    else:
+        dq, dk = unchunk(dq, q.dtype), unchunk(dk, k.dtype)
     dw = None
     if w is not None:
-        dw = -(chunks(dv).to(v.dtype).to(f32) @ hh.transpose(-1, -2))
-        dw = unchunk(dw).to(w.dtype)
-    dg = dg.transpose(2, 3).reshape(B, Tp, HV)[:, :T]
-    # fla's later kernels index these as contiguous (B, T, H, K) arrays: a partial last chunk
-    # leaves the [:, :T] slices strided, so copy them out
-    return (dq.to(q.dtype).contiguous(), dk.to(k.dtype).contiguous(),
-            None if dw is None else dw.contiguous(), dg.contiguous())
+        dw = unchunk(-(chunks(dv).to(v.dtype).to(f32, memory_format=dense) @ hh.transpose(-1, -2)), w.dtype)
+    dg = unchunk(dg.unsqueeze(-1), f32).view(B, T, HV)
+    return dq, dk, dw, dg
 
 
 @functools.cache
