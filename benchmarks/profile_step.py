@@ -1,7 +1,7 @@
 """Per-kernel breakdown of one training step (torch.profiler), at MAD's baseline shape.
 
     python benchmarks/profile_step.py [--mixers softmax,gdn] [--shape mad|tiny] [--stacked 8]
-                                      [--steps 3] [--warmup 5] [--top 15] [--out DIR]
+                                      [--steps 3] [--warmup 5] [--top 15] [--by-source] [--out DIR]
 
 For each mechanism: the training step as mixzoo's trainer runs it (forward and loss under bf16
 autocast on a GPU, backward, clipping, fused AdamW; no Lightning, whose overhead is host-side
@@ -13,7 +13,10 @@ are profiled, and per step it reports:
 * kernel launches per step, device busy time (the kernels' summed time) and the step's wall time,
   so busy / wall is how much of the step the GPU works (a launch-bound step is far below 1);
 * host time between launches: the gaps between consecutive kernel-launch calls on the host
-  (median, 90th percentile, sum), i.e. what the host spends per launch.
+  (median, 90th percentile, sum), i.e. what the host spends per launch;
+* the top operators (``aten::copy_``, ``aten::mul``, ...) by the device time of the kernels they
+  launched, and with ``--by-source`` the Python lines (mixzoo's and fla's) that called them:
+  where generic elementwise and copy kernels come from.
 
 On a CPU (``--shape tiny``, the default there) only CPU activities are recorded: the top operators by
 self CPU time and the operators per step; there are no kernels or launch gaps. The tables go to stdout
@@ -83,7 +86,13 @@ def _gaps(times: list[float]) -> list[float]:
     return [b - a for a, b in zip(times, times[1:])]
 
 
-def profile(step, dev, steps: int, warmup: int, top: int) -> dict:
+def _source(stack: list[str]) -> str:
+    """The innermost frames of a profiler stack that are mixzoo's or fla's code."""
+    keep = [f for f in stack if "mixzoo" in f or "/fla/" in f]
+    return " <- ".join(f.split("/")[-1] for f in keep[:3]) or "(other)"
+
+
+def profile(step, dev, steps: int, warmup: int, top: int, by_source: bool = False) -> dict:
     import torch
     from torch.profiler import ProfilerActivity
     sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
@@ -91,7 +100,7 @@ def profile(step, dev, steps: int, warmup: int, top: int) -> dict:
         step()
     sync()
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
-    with torch.profiler.profile(activities=acts) as prof:
+    with torch.profiler.profile(activities=acts, with_stack=by_source) as prof:
         t = time.perf_counter()
         for _ in range(steps):
             step()
@@ -119,6 +128,25 @@ def profile(step, dev, steps: int, warmup: int, top: int) -> dict:
                                     sum_per_step=sum(gaps) / steps),
                    top=[dict(name=n, per_step=c, us_per_step=u, mean_us=m, share=u / busy if busy else 0.0)
                         for n, c, u, m in rows[:top]])
+        try:   # operator/source attribution: a profiler API change must not lose the kernel table above
+            ops = sorted((a for a in prof.key_averages() if a.key.startswith("aten::") and a.self_device_time_total > 0),
+                         key=lambda a: -a.self_device_time_total)
+            out["top_ops"] = [dict(name=a.key, per_step=a.count / steps, us_per_step=a.self_device_time_total / steps,
+                                   mean_us=a.self_device_time_total / max(1, a.count),
+                                   share=(a.self_device_time_total / steps) / busy if busy else 0.0) for a in ops[:top]]
+            if by_source:
+                src: dict[str, list[float]] = {}
+                for a in prof.key_averages(group_by_stack_n=12):
+                    if a.key.startswith("aten::") and a.self_device_time_total > 0:
+                        k = f"{a.key} @ {_source(a.stack)}"
+                        c = src.setdefault(k, [0.0, 0.0])
+                        c[0] += a.count
+                        c[1] += a.self_device_time_total
+                out["top_sources"] = [dict(name=k, per_step=c / steps, us_per_step=t / steps, mean_us=t / max(1, c),
+                                           share=(t / steps) / busy if busy else 0.0)
+                                      for k, (c, t) in sorted(src.items(), key=lambda kv: -kv[1][1])[:top]]
+        except Exception as e:
+            out["top_ops_error"] = f"{type(e).__name__}: {e}"
     else:
         ka = prof.key_averages()
         total = sum(a.self_cpu_time_total for a in ka) / steps
@@ -144,9 +172,19 @@ def table(name: str, r: dict) -> str:
                 f"self CPU {r['self_cpu_us']:.0f} us (CPU activities only: no kernels, no launch gaps)\n\n"
                 "| operator | per step | us a step | mean us | share of self CPU |\n|---|---|---|---|---|")
     lines = [head]
-    for t in r["top"]:
-        nm = t["name"] if len(t["name"]) <= 90 else t["name"][:87] + "..."
-        lines.append(f"| `{nm}` | {t['per_step']:.1f} | {t['us_per_step']:.1f} | {t['mean_us']:.1f} | {t['share']:.2f} |")
+
+    def add(rows):
+        for t in rows:
+            nm = t["name"] if len(t["name"]) <= 90 else t["name"][:87] + "..."
+            lines.append(f"| `{nm}` | {t['per_step']:.1f} | {t['us_per_step']:.1f} | {t['mean_us']:.1f} | "
+                         f"{t['share']:.2f} |")
+    add(r["top"])
+    if r.get("top_ops_error"):
+        lines.append(f"\n(operator attribution failed: {r['top_ops_error']})")
+    for key, what in (("top_ops", "operator"), ("top_sources", "operator @ where it was called")):
+        if r.get(key):
+            lines.append(f"\n| {what} | per step | device us a step | mean us | share of busy |\n|---|---|---|---|---|")
+            add(r[key])
     return "\n".join(lines)
 
 
@@ -161,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--by-source", action="store_true",
+                    help="also attribute device time to the mixzoo/fla source lines that called each operator")
     ap.add_argument("--device", default=None)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
@@ -177,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
                              lambda m=mixer: stacked_step(task, mcfg, m, data, dev, bs, total, a.stacked)))
         for label, make in variants:
             step, model = make()
-            r = profile(step, dev, a.steps, a.warmup, a.top)
+            r = profile(step, dev, a.steps, a.warmup, a.top, a.by_source)
             backend = "+".join(sorted({getattr(m, "backend", "?") for m in model.trunk.mixers()}))
             key = f"{mixer} ({backend}), {label}, shape {shape}"
             results[key] = r
