@@ -141,6 +141,40 @@ def _dqkwg(q, k, v, do, h, dh, w, g, dv, scale, state_v_first, chunk_size):
     return dq, dk, dw, dg
 
 
+def impl() -> str:
+    """Which implementation of this step runs: ``MIXZOO_DQKWG`` = torch | triton | auto (default:
+    mixzoo's one-launch Triton kernel, ``mixzoo.kernels.fla_dqkwg_triton``, on a CUDA device where it
+    matches this PyTorch version, else this version)."""
+    import os
+    v = os.environ.get("MIXZOO_DQKWG", "auto")
+    return v if v in ("torch", "triton") else "auto"
+
+
+def triton_ok(K: int = 16, V: int = 32, BT: int = 64) -> bool:
+    """Whether the Triton kernel runs for calls of these sizes here (CUDA, allowed, and matching)."""
+    if impl() == "torch" or not torch.cuda.is_available():
+        return False
+    try:
+        from . import fla_dqkwg_triton as tri
+    except Exception:
+        return False
+    return tri.usable(K, V, BT, torch.cuda.current_device())
+
+
+def chunk_bwd_dqkwg_any(q, k, v, do, h, dh, w=None, g=None, g_gamma=None, dv=None, scale=None,
+                        state_v_first=False, cu_seqlens=None, chunk_size=64, chunk_indices=None):
+    """The Triton kernel where it takes the call and has matched this step here, else this step."""
+    if q.is_cuda and triton_ok(k.shape[-1], v.shape[-1], chunk_size):
+        from . import fla_dqkwg_triton as tri
+        if tri.supported(q, k, v, h, w=w, g=g, g_gamma=g_gamma, state_v_first=state_v_first,
+                         cu_seqlens=cu_seqlens):
+            return tri.chunk_bwd_dqkwg_triton(q, k, v, do, h, dh, w=w, g=g, dv=dv, scale=scale,
+                                              chunk_size=chunk_size)
+    return chunk_bwd_dqkwg_torch(q, k, v, do, h, dh, w=w, g=g, g_gamma=g_gamma, dv=dv, scale=scale,
+                                 state_v_first=state_v_first, cu_seqlens=cu_seqlens,
+                                 chunk_size=chunk_size, chunk_indices=chunk_indices)
+
+
 @functools.cache
 def triton_refused() -> bool:
     """Whether fla refuses its gated chunk_bwd_dqkwg here (Hopper, 3.4.0 <= Triton < 3.7.1)."""
@@ -184,7 +218,7 @@ def install() -> bool:
             return True, None
 
         def chunk_bwd_dqkwg(self, *args, **kwargs):
-            return chunk_bwd_dqkwg_torch(*args, **kwargs)
+            return chunk_bwd_dqkwg_any(*args, **kwargs)
 
     fb.register("common")(MixzooTorchDqkwg)
     return True

@@ -90,16 +90,20 @@ def triton_op(module: str, fn: str):
     return _op(module, fn)
 
 
-def gated_chunk_op(module: str, fn: str):
+def gated_chunk_op(module: str, fn: str, K: int = 16, V: int = 16):
     """fla's gated chunk entry point (used by chunk_gated_delta_rule and chunk_simple_gla) and a
-    backend-name suffix: ``(op, "")`` where its backward runs as fla ships it, ``(op,
-    "+torch-dqkwg")`` on Hopper with 3.4 <= Triton < 3.7.1, where fla refuses its
-    ``chunk_bwd_dqkwg`` kernel and mixzoo's replacement (``mixzoo.kernels.fla_dqkwg``) is
-    installed, else ``(None, "")``. Call only for CUDA inputs."""
+    backend-name suffix: ``(op, "")`` where its backward runs as fla ships it; on Hopper with
+    3.4 <= Triton < 3.7.1, where fla refuses its ``chunk_bwd_dqkwg`` kernel and mixzoo's
+    replacement (``mixzoo.kernels.fla_dqkwg``) is installed, ``(op, "+triton-dqkwg")`` where
+    mixzoo's one-launch Triton version of it runs for key and value heads of K and V (fla's chunk
+    of 64) and ``(op, "+torch-dqkwg")`` where its PyTorch version does; else ``(None, "")``. Call
+    only for CUDA inputs."""
     op = triton_op(module, fn)
     if op is None:
         return None, ""
-    from ..kernels.fla_dqkwg import install, triton_refused
+    from ..kernels.fla_dqkwg import install, triton_ok, triton_refused
     if not triton_refused():
         return op, ""
-    return (op, "+torch-dqkwg") if install() else (None, "")
+    if not install():
+        return None, ""
+    return op, "+triton-dqkwg" if triton_ok(K, V, 64) else "+torch-dqkwg"

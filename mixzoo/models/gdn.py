@@ -7,9 +7,11 @@ I - β k kᵀ can have eigenvalue down to -1 (Grazzi et al., 2025: needed for st
 
 Paths: ``torch-chunk`` (``_scan.gated_delta_chunk``, the WY/UT chunk form in plain PyTorch; the
 CPU path and the reference), ``fla-chunk`` (fla's Triton ``chunk_gated_delta_rule``, where its
-gated backward is trusted) and ``fla-chunk+torch-dqkwg`` (on Hopper with 3.4 <= Triton < 3.7.1,
-where fla refuses one backward kernel, ``chunk_bwd_dqkwg``: fla's kernels run with that one step
-replaced by mixzoo's batched PyTorch version, ``mixzoo.kernels.fla_dqkwg``).
+gated backward is trusted) and ``fla-chunk+triton-dqkwg`` / ``fla-chunk+torch-dqkwg`` (on Hopper
+with 3.4 <= Triton < 3.7.1, where fla refuses one backward kernel, ``chunk_bwd_dqkwg``: fla's
+kernels run with that one step replaced by mixzoo's one-launch Triton version where it has matched
+mixzoo's batched PyTorch version on the device, else by the PyTorch version;
+``mixzoo.kernels.fla_dqkwg``).
 """
 from __future__ import annotations
 
@@ -73,7 +75,8 @@ class GatedDeltaNet(nn.Module):
         """fla's chunk kernel and the backend name, or (None, "torch-chunk")."""
         if not x.is_cuda or self.requested == "torch":
             return None, "torch-chunk"
-        fn, suffix = _fla.gated_chunk_op("fla.ops.gated_delta_rule", "chunk_gated_delta_rule")
+        width = max(self.dh, _fla.MIN_DOT)
+        fn, suffix = _fla.gated_chunk_op("fla.ops.gated_delta_rule", "chunk_gated_delta_rule", width, width)
         if fn is None:
             if self.requested == "fla":
                 raise RuntimeError("gdn: backend='fla' asked for but fla's chunk kernel cannot run here")

@@ -8,7 +8,9 @@ q = C, k = B dt, v = x, log-decay A dt, which is how it runs: ``torch-chunk`` is
 ``fla-simple-gla`` is fla's Triton ``chunk_simple_gla`` on a GPU (head dims below 64 zero-padded to
 64: ``FLA_MIN_HEAD_DIM``). On Hopper with Triton < 3.7.1,
 where fla refuses its gated ``chunk_bwd_dqkwg`` kernel, that one backward step runs as mixzoo's
-PyTorch version (``fla-simple-gla+torch-dqkwg``, ``mixzoo.kernels.fla_dqkwg``).
+one-launch Triton version where it has matched mixzoo's PyTorch version on the device
+(``fla-simple-gla+triton-dqkwg``), else as that PyTorch version (``fla-simple-gla+torch-dqkwg``;
+``mixzoo.kernels.fla_dqkwg``).
 
 ``allow_neg_eigval`` maps the transition a in (0, 1) to 2a - 1 in (-1, 1) (Grazzi et al., 2025,
 for state tracking); signed decays run on ``torch-chunk`` only.
@@ -116,7 +118,8 @@ class Mamba(nn.Module):
         q = Cm.float().unsqueeze(2).expand(B, T, self.h, self.N)
         fn = None
         if x.is_cuda and self.requested != "torch" and negm is None:
-            fn, suffix = _fla.gated_chunk_op("fla.ops.simple_gla", "chunk_simple_gla")
+            fn, suffix = _fla.gated_chunk_op("fla.ops.simple_gla", "chunk_simple_gla", max(self.N, _fla.MIN_DOT),
+                                             max(xh.shape[-1], FLA_MIN_HEAD_DIM))
             name = "fla-simple-gla" + suffix
         if self.requested == "fla" and fn is None:
             raise RuntimeError("mamba: backend='fla' asked for but fla's chunk_simple_gla cannot run here")
