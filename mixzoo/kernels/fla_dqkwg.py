@@ -141,18 +141,26 @@ def _dqkwg(q, k, v, do, h, dh, w, g, dv, scale, state_v_first, chunk_size):
     return dq, dk, dw, dg
 
 
+# The default until the Triton kernel has been timed against this step on the GPU (it has only
+# been checked in the Triton interpreter): this PyTorch step
+DEFAULT_IMPL = "torch"
+
+
 def impl() -> str:
-    """Which implementation of this step runs: ``MIXZOO_DQKWG`` = torch | triton | auto (default:
-    mixzoo's one-launch Triton kernel, ``mixzoo.kernels.fla_dqkwg_triton``, on a CUDA device where it
-    matches this PyTorch version, else this version)."""
+    """Which implementation of this step runs: ``MIXZOO_DQKWG`` = torch | triton (mixzoo's
+    one-launch Triton kernel, ``mixzoo.kernels.fla_dqkwg_triton``, on a CUDA device where it matches
+    this PyTorch version at the call's sizes, else this version); default ``DEFAULT_IMPL``."""
     import os
-    v = os.environ.get("MIXZOO_DQKWG", "auto")
-    return v if v in ("torch", "triton") else "auto"
+    v = os.environ.get("MIXZOO_DQKWG", DEFAULT_IMPL)
+    return v if v in ("torch", "triton") else DEFAULT_IMPL
+
+
+_FAILED: set[tuple[int, int, int]] = set()      # (K, V, chunk) where the Triton kernel raised
 
 
 def triton_ok(K: int = 16, V: int = 32, BT: int = 64) -> bool:
     """Whether the Triton kernel runs for calls of these sizes here (CUDA, allowed, and matching)."""
-    if impl() == "torch" or not torch.cuda.is_available():
+    if impl() == "torch" or not torch.cuda.is_available() or (K, V, BT) in _FAILED:
         return False
     try:
         from . import fla_dqkwg_triton as tri
@@ -168,8 +176,14 @@ def chunk_bwd_dqkwg_any(q, k, v, do, h, dh, w=None, g=None, g_gamma=None, dv=Non
         from . import fla_dqkwg_triton as tri
         if tri.supported(q, k, v, h, w=w, g=g, g_gamma=g_gamma, state_v_first=state_v_first,
                          cu_seqlens=cu_seqlens):
-            return tri.chunk_bwd_dqkwg_triton(q, k, v, do, h, dh, w=w, g=g, dv=dv, scale=scale,
-                                              chunk_size=chunk_size)
+            try:
+                return tri.chunk_bwd_dqkwg_triton(q, k, v, do, h, dh, w=w, g=g, dv=dv, scale=scale,
+                                                  chunk_size=chunk_size)
+            except Exception as e:     # compile or launch resources at this size: the PyTorch step, from now on
+                import warnings
+                _FAILED.add((k.shape[-1], v.shape[-1], chunk_size))
+                warnings.warn(f"mixzoo Triton dqkwg failed ({type(e).__name__}: {e}); using the PyTorch step",
+                              stacklevel=2)
     return chunk_bwd_dqkwg_torch(q, k, v, do, h, dh, w=w, g=g, g_gamma=g_gamma, dv=dv, scale=scale,
                                  state_v_first=state_v_first, cu_seqlens=cu_seqlens,
                                  chunk_size=chunk_size, chunk_indices=chunk_indices)

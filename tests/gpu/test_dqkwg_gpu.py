@@ -1,5 +1,6 @@
-"""mixzoo's Triton dqkwg kernel on the GPU: it matches the PyTorch step there at the zoo's head sizes
-(the self-check that enables it), and gdn / Mamba-2 layers give the same gradients with either."""
+"""mixzoo's Triton dqkwg kernel on the GPU (``MIXZOO_DQKWG=triton``; not the default until timed): it
+matches the PyTorch step there at the zoo's head sizes (the self-check that enables it), and gdn /
+Mamba-2 layers give the same gradients with either."""
 from __future__ import annotations
 
 import pytest
