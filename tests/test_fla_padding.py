@@ -38,6 +38,10 @@ def test_pad_heads_pads_only_narrow_heads():
     pa, pb = _fla.pad_heads(a, b)
     assert pa.shape[-1] == _fla.MIN_DOT and pb is b
     assert torch.equal(pa[..., :8], a) and not pa[..., 8:].any()
+    # strided views come back contiguous, padded or not (fla's kernels take contiguous inputs)
+    sa, sb = _fla.pad_heads(a.transpose(1, 2), b.transpose(1, 2))
+    assert sa.is_contiguous() and sb.is_contiguous()
+    assert torch.equal(sa[..., :8], a.transpose(1, 2)) and torch.equal(sb, b.transpose(1, 2))
 
 
 @pytest.mark.parametrize("d", [4, 8])

@@ -69,7 +69,9 @@ MIN_DOT = 16
 
 
 def pad_heads(*ts, width: int = MIN_DOT):
-    """Zero-pad the last (head) dimension of each tensor to at least ``width`` (default ``MIN_DOT``).
+    """Zero-pad the last (head) dimension of each tensor to at least ``width`` (default ``MIN_DOT``),
+    returned contiguous (fla's kernels take contiguous inputs): one copy of a strided view either
+    way, so callers need not make views contiguous first.
 
     Exact for the fla ops mixzoo calls: a zero query/key/probe dimension adds nothing to any dot
     product (q.k, r.k, k kᵀ), and L2 norms are unchanged; a zero value dimension gives zero output
@@ -77,7 +79,7 @@ def pad_heads(*ts, width: int = MIN_DOT):
     be computed from the width before padding and passed explicitly. Log-decays padded with zero
     (decay 1) act on state columns whose keys are zero, so they stay zero."""
     import torch.nn.functional as F
-    out = tuple(t if t.shape[-1] >= width else F.pad(t, (0, width - t.shape[-1])) for t in ts)
+    out = tuple((t if t.shape[-1] >= width else F.pad(t, (0, width - t.shape[-1]))).contiguous() for t in ts)
     return out if len(out) > 1 else out[0]
 
 

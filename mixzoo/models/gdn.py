@@ -91,7 +91,7 @@ class GatedDeltaNet(nn.Module):
         if fast is not None:
             # fla's kernels do the L2 norm of q and k, the decay -exp(A) softplus(a + dt_bias) with
             # its chunk cumsum, and β = σ(b) (x2 with allow_neg_eigval)
-            q, k, v = _fla.pad_heads(*(t.reshape(B, T, self.h, self.dh).contiguous() for t in qkv.chunk(3, dim=-1)))
+            q, k, v = _fla.pad_heads(*(t.reshape(B, T, self.h, self.dh) for t in qkv.chunk(3, dim=-1)))
             o = fast(q, k, v, g=a.contiguous(), beta=b.contiguous(), scale=self.dh ** -0.5,
                      use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=self.A_log,
                      dt_bias=self.dt_bias, use_beta_sigmoid_in_kernel=True,

@@ -125,8 +125,8 @@ class Mamba(nn.Module):
             raise RuntimeError("mamba: backend='fla' asked for but fla's chunk_simple_gla cannot run here")
         if fn is not None:
             self.backend = name
-            qp, kp = _fla.pad_heads(q.to(xh.dtype).contiguous(), k.to(xh.dtype).contiguous())
-            vp = _fla.pad_heads(xh.contiguous(), width=FLA_MIN_HEAD_DIM)
+            qp, kp = _fla.pad_heads(q.to(xh.dtype), k.to(xh.dtype))
+            vp = _fla.pad_heads(xh, width=FLA_MIN_HEAD_DIM)
             y = fn(qp, kp, vp, g=log_a.contiguous(), scale=1.0)[0][..., :xh.shape[-1]]
         else:
             self.backend = "torch-chunk"

@@ -116,7 +116,7 @@ class Parallax(nn.Module):
         if fast is not None:
             self.backend = "fla-parallel"
             D = v.shape[-1]
-            tt = lambda t: t.transpose(1, 2).contiguous()
+            tt = lambda t: t.transpose(1, 2)
             q, r, k, v = _fla.pad_heads(tt(q), tt(r), tt(k), tt(v))
             o = fast(q, r, k, v, scale=D ** -0.5)[..., :D].transpose(1, 2)
         else:
