@@ -129,3 +129,19 @@ def test_many_sequences_run_in_slices_with_the_same_numbers(monkeypatch):
     for a, b in zip(torch.autograd.grad(sliced.square().sum(), (q, k, v, lam)), want):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(lla_reference(q, k, v, ridge=0.5), _dense(q, k, v, 0.5, 0.5), rtol=1e-9, atol=1e-9)
+
+
+def test_learned_ridge_refuses_cuda_graph_capture(monkeypatch):
+    """A learned ridge's kernel precision is chosen on the host from last step's ridge: a captured
+    graph would keep one level for good, so LLA raises while a capture is running (the graphed step
+    mode then trains eagerly); a fixed ridge's level is constant and captures."""
+    from mixzoo.models.lla import LocalLinearAttention
+    m = LocalLinearAttention(16, num_heads=2, learn_ridge=True)
+    lam = m.ridge()
+    assert isinstance(m.precision(lam), int)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="CUDA graph"):
+        m.precision(lam)
+    fixed = LocalLinearAttention(16, num_heads=2, ridge=1.0)
+    assert isinstance(fixed.precision(fixed.ridge()), int)

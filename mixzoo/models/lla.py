@@ -90,6 +90,11 @@ class LocalLinearAttention(nn.Module):
             if key != self._level_key:      # first call, or the stored ridge was overwritten
                 self._level_key, self._level = key, precision_level(float(lam.detach().min()))
             return self._level
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            # the level of a learned ridge is read on the host at every step: a CUDA graph would
+            # keep the captured one (the graphed step mode falls back to eager on this error)
+            raise RuntimeError("lla: a learned ridge picks the kernel's precision on the host each step; "
+                               "such a step cannot be captured in a CUDA graph")
         low = lam.detach().min().float()
         if self._lam_host is None:          # first step: one read
             self._lam_host = torch.empty((), pin_memory=low.is_cuda)
