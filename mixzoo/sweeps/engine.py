@@ -647,6 +647,15 @@ def stack_size(ctx: Context, u: Unit, phase: str, params: dict[str, Any] | None 
     return 1
 
 
+def _tell_existing(ctx: Context, trial_id: int, r: dict, tag: str) -> None:
+    """Tell a final seed whose row is already in the leaderboard (written before a crash) by that row."""
+    from optuna.trial import TrialState as TS
+    ok = r["state"] == "COMPLETE"
+    _finish(ctx.storage, trial_id, TS.COMPLETE if ok else TS.FAIL, value=r["metric_value"] if ok else None,
+            reason=None if ok else "row already in the leaderboard")
+    ctx.log(f"{tag}: row already in the leaderboard")
+
+
 def _stacked_mode(ctx: Context, u: Unit) -> str:
     mode = as_run_here(ctx, u, u.run_spec()).train.get("step_mode")
     return "stacked+graphed" if mode in ("graphed", "stacked+graphed") else "stacked"
@@ -785,11 +794,7 @@ def run_final(ctx: Context, u: Unit, fid: int, frozen) -> None:
     with heartbeat(ctx.storage, frozen._trial_id):
         have = existing_rows(ctx.results, u.task, u.study)
         if seed in have:  # written before a crash: never twice
-            r = have[seed]
-            _finish(ctx.storage, frozen._trial_id, TS.COMPLETE if r["state"] == "COMPLETE" else TS.FAIL,
-                    value=r["metric_value"] if r["state"] == "COMPLETE" else None,
-                    reason=None if r["state"] == "COMPLETE" else "row already in the leaderboard")
-            ctx.log(f"{tag}: row already in the leaderboard")
+            _tell_existing(ctx, frozen._trial_id, have[seed], tag)
             return
         try:
             ctx.trainer_log(f"start final {tag}: {json.dumps(hp, default=str)}")
@@ -854,11 +859,7 @@ def run_final_batch(ctx: Context, u: Unit, fid: int, frozens: list) -> None:
             seed = int(f.user_attrs["seed"])
             tag = f"{u.task}[{u.label}] {u.model} best trial {best}, seed {seed}"
             if seed in have:  # written before a crash: never twice
-                r = have[seed]
-                _finish(ctx.storage, f._trial_id, TS.COMPLETE if r["state"] == "COMPLETE" else TS.FAIL,
-                        value=r["metric_value"] if r["state"] == "COMPLETE" else None,
-                        reason=None if r["state"] == "COMPLETE" else "row already in the leaderboard")
-                ctx.log(f"{tag}: row already in the leaderboard")
+                _tell_existing(ctx, f._trial_id, have[seed], tag)
             else:
                 todo.append((f, seed, tag))
         if not todo:
