@@ -112,3 +112,17 @@ def test_recording_host_syncs_collects_torch_sync_warnings_only(monkeypatch):
         with recording_host_syncs():
             raise ValueError
     assert modes[-1] == "default"
+
+
+def test_bench_mixers_table_shows_graphed_times_and_capture_failures():
+    from mixzoo.bench.mixers import format_table, progress_line
+    base = dict(backend="b", params=1, warmup_s=0.1, peak_mem_bytes=2**20)
+    rows = [dict(mechanism="softmax", ms=2.0, graphed_ms=0.5, **base),
+            dict(mechanism="gdn", ms=6.0, graphed_ms=1.5, **base),
+            dict(mechanism="lla", ms=3.0, graphed_error="RuntimeError: host sync", **base)]
+    lines = format_table(rows).splitlines()
+    assert "graphed ms" in lines[0]
+    assert lines[2].split()[-2:] == ["1.50", "3.00"] and lines[2].split()[4] == "3.00"
+    assert "capture failed: RuntimeError: host sync" in lines[3]
+    assert "graphed 1.50 ms" in progress_line(rows[1])
+    assert "graphed" not in format_table([dict(mechanism="gdn", ms=6.0, **base)])

@@ -5,7 +5,10 @@ GPU (float32 on a CPU); the time is the median of timed steps after warm-up (a m
 first GPU call may autotune Triton kernels for minutes). ``--quick``: batch 2, length 64,
 width 32, for a smoke run on a CPU in seconds. ``--shape mad``: the mad recipe's layer (width 128
 in 16 heads of 8) at MAD's baseline shape (batch 128, length 128). The table gives each time as a
-multiple of softmax's when softmax is among the rows.
+multiple of softmax's when softmax is among the rows. On a GPU each mechanism is also timed as
+one captured CUDA graph of the same forward+backward (``graphed ms``: back-to-back replays, so the
+device's time without the host's launch overhead; the mode sweeps train in on a GPU), or the
+reason its capture failed.
 
 Mechanisms: all registered, or those named (``MIXZOO_BENCH_MIXERS=a,b`` or on the command line);
 ``NAME:KEY=V[,KEY=V]`` times a variant, e.g. ``mamba:allow_neg_eigval=true``.
@@ -76,6 +79,11 @@ def bench_mixers(names=None, *, batch: int = 8, seq_len: int = 1024, d_model: in
             row["ms"] = round(1e3 * statistics.median(times), 3)
             row["peak_mem_bytes"] = int(torch.cuda.max_memory_allocated(dev) - base) if cuda else None
             row["backend"] = getattr(m, "backend", "torch")
+            if cuda:
+                try:
+                    row["graphed_ms"] = round(graphed_ms(step, dev, iters), 3)
+                except Exception as e:        # a mechanism that cannot be captured keeps its eager time
+                    row["graphed_error"] = f"{type(e).__name__}: {e}"[:200]
             del m, x, gy, step
             if cuda:
                 torch.cuda.empty_cache()
@@ -87,6 +95,33 @@ def bench_mixers(names=None, *, batch: int = 8, seq_len: int = 1024, d_model: in
     return rows
 
 
+def graphed_ms(step, dev, iters: int) -> float:
+    """Milliseconds a replay of ``step`` captured as one CUDA graph (two eager warm-up calls on a
+    side stream first, as capture requires), timed over ``iters`` back-to-back replays."""
+    import torch
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            step()
+    torch.cuda.current_stream(dev).wait_stream(side)
+    torch.cuda.synchronize(dev)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+    g.replay()
+    torch.cuda.synchronize(dev)
+    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t0.record()
+    for _ in range(iters):
+        g.replay()
+    t1.record()
+    torch.cuda.synchronize(dev)
+    ms = t0.elapsed_time(t1) / iters
+    del g
+    return ms
+
+
 def label(row: dict) -> str:
     """The mechanism's name with its knobs, if any: ``mamba allow_neg_eigval=True``."""
     kn = row.get("knobs") or {}
@@ -95,23 +130,35 @@ def label(row: dict) -> str:
 
 def progress_line(row: dict) -> str:
     """One row as it is measured: ``  gdn: 6.20 ms (fla-chunk+torch-dqkwg)`` or its error."""
-    return f"  {label(row)}: " + (row.get("error") or f"{row['ms']:.2f} ms ({row['backend']})")
+    if row.get("error"):
+        return f"  {label(row)}: {row['error']}"
+    g = (f", graphed {row['graphed_ms']:.2f} ms" if "graphed_ms" in row
+         else f", capture failed: {row['graphed_error']}" if "graphed_error" in row else "")
+    return f"  {label(row)}: {row['ms']:.2f} ms ({row['backend']}){g}"
 
 
 def format_table(rows: list[dict]) -> str:
     wm = max([len("mechanism")] + [len(label(r)) for r in rows])
     wb = max([len("backend")] + [len(r.get("backend", "")) for r in rows])
     base = next((r["ms"] for r in rows if r["mechanism"] == "softmax" and not r.get("knobs") and "ms" in r), None)
+    gbase = next((r.get("graphed_ms") for r in rows if r["mechanism"] == "softmax" and not r.get("knobs")), None)
+    graphed = any("graphed_ms" in r or "graphed_error" in r for r in rows)
     lines = [f"{'mechanism':<{wm}} {'backend':<{wb}} {'params':>9} {'fwd+bwd ms':>11} {'x softmax':>9} "
-             f"{'peak MiB':>9} {'warm-up s':>9}"]
+             f"{'peak MiB':>9} {'warm-up s':>9}" + (f" {'graphed ms':>10} {'x softmax':>9}" if graphed else "")]
     for r in rows:
         if "error" in r:
             lines.append(f"{label(r):<{wm}} error: {r['error']}")
             continue
         mem = f"{r['peak_mem_bytes'] / 2**20:.1f}" if r.get("peak_mem_bytes") is not None else "-"
         ratio = f"{r['ms'] / base:.2f}" if base else "-"
-        lines.append(f"{label(r):<{wm}} {r['backend']:<{wb}} {r['params']:>9} {r['ms']:>11.2f} {ratio:>9} {mem:>9} "
-                     f"{r['warmup_s']:>9}")
+        line = (f"{label(r):<{wm}} {r['backend']:<{wb}} {r['params']:>9} {r['ms']:>11.2f} {ratio:>9} {mem:>9} "
+                f"{r['warmup_s']:>9}")
+        if "graphed_ms" in r:
+            gr = f"{r['graphed_ms'] / gbase:.2f}" if gbase else "-"
+            line += f" {r['graphed_ms']:>10.2f} {gr:>9}"
+        elif "graphed_error" in r:
+            line += f" capture failed: {r['graphed_error']}"
+        lines.append(line)
     return "\n".join(lines)
 
 
