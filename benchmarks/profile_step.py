@@ -2,6 +2,10 @@
 
     python benchmarks/profile_step.py [--mixers softmax,gdn] [--shape mad|tiny] [--stacked 8]
                                       [--steps 3] [--warmup 5] [--top 15] [--by-source] [--out DIR]
+    python benchmarks/profile_step.py --layer [--mixers softmax,mamba:backend=torch] ...
+
+``--layer``: instead of the training step, one mixer layer's forward+backward as ``mixzoo bench mixers
+--shape mad`` times it (``NAME:KEY=V`` variants allowed), so its kernels can be read beside that table.
 
 For each mechanism: the training step as mixzoo's trainer runs it (forward and loss under bf16
 autocast on a GPU, backward, clipping, fused AdamW; no Lightning, whose overhead is host-side
@@ -79,6 +83,28 @@ def stacked_step(task, mcfg, mixer: str, data, dev, batch_size: int, steps: int,
         with folding():
             st.step()
     return step, st.models[0]
+
+
+def layer_step(entry, dev):
+    """(step, module): one mixer layer's forward+backward at ``bench mixers --shape mad``'s shape."""
+    import torch
+
+    from mixzoo.bench.mixers import MAD
+    from mixzoo.registry import build_mixer, get_mixer
+    name, kn = (entry, {}) if isinstance(entry, str) else entry
+    torch.manual_seed(0)
+    m = build_mixer(get_mixer(name), MAD["d_model"], num_heads=MAD["num_heads"], l_max=MAD["seq_len"], **kn).to(dev)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(MAD["batch"], MAD["seq_len"], MAD["d_model"], generator=g).to(dev).requires_grad_()
+    gy = torch.randn(MAD["batch"], MAD["seq_len"], MAD["d_model"], generator=g).to(dev)
+
+    def step():
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+            y = m(x)
+        y.backward(gy.to(y.dtype))
+        m.zero_grad(set_to_none=True)
+        x.grad = None
+    return step, m
 
 
 def _gaps(times: list[float]) -> list[float]:
@@ -201,10 +227,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--by-source", action="store_true",
                     help="also attribute device time to the mixzoo/fla source lines that called each operator")
+    ap.add_argument("--layer", action="store_true",
+                    help="profile one mixer layer's forward+backward (bench mixers --shape mad) instead")
     ap.add_argument("--device", default=None)
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
     dev = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if a.layer:
+        from mixzoo.bench.mixers import label, parse_names
+        results, texts = {}, []
+        for entry in parse_names([m for m in a.mixers.split(",") if m]):
+            step, m = layer_step(entry, dev)
+            r = profile(step, dev, a.steps, a.warmup, a.top, a.by_source)
+            name = label({"mechanism": entry, "knobs": {}} if isinstance(entry, str)
+                         else {"mechanism": entry[0], "knobs": entry[1]})
+            key = f"{name} ({getattr(m, 'backend', '?')}), one layer fwd+bwd, bench mixers --shape mad"
+            results[key] = r
+            texts.append(table(key, r))
+            print(texts[-1] + "\n", flush=True)
+        return _write(a.out, dev, results, texts, "One mixer layer's forward+backward, per kernel")
     shape = a.shape or ("mad" if dev.type == "cuda" else "tiny")
     bs = MODE_SHAPES[shape]["batch_size"]
     task, mcfg, data = _mode_setup(shape, str(dev))
@@ -223,11 +264,16 @@ def main(argv: list[str] | None = None) -> int:
             results[key] = r
             texts.append(table(key, r))
             print(texts[-1] + "\n", flush=True)
-    if a.out:
-        d = Path(a.out)
+    return _write(a.out, dev, results, texts, "One training step, per kernel")
+
+
+def _write(out, dev, results: dict, texts: list[str], title: str) -> int:
+    import torch
+    if out:
+        d = Path(out)
         d.mkdir(parents=True, exist_ok=True)
         name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
-        (d / "profile_step.md").write_text(f"# One training step, per kernel ({name}, torch {torch.__version__})\n\n"
+        (d / "profile_step.md").write_text(f"# {title} ({name}, torch {torch.__version__})\n\n"
                                            + "\n\n".join(texts) + "\n")
         (d / "profile_step.json").write_text(json.dumps({"device": name, "results": results}, indent=1))
     return 0

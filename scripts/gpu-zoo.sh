@@ -7,6 +7,7 @@
 #   zoo2         a second check-zoo (ZOO2_ARGS, W2 workers) into the same results
 #   build        scripts/build-mamba-ssm.sh from .gpu/*.tar.gz (wheels to .gpu/build, then installed)
 #   madbench     mixzoo bench mixers --shape mad (alone: run it as the only part); logs/madbench$MBN.*
+#   bench        mixzoo bench mixers $BENCH_ARGS (alone); logs/bench$MBN.*
 #   tput         mixzoo bench throughput $TP_ARGS (step modes side by side; alone), --out/--md under logs/
 #   gputests     pytest -m gpu on K (files, default tests/gpu), KEXPR selecting as pytest -k
 #   gputests2    a second pytest beside it, on K2 (KEXPR2), log logs/gputests-2.log
@@ -73,6 +74,8 @@ for part in "$@"; do
              > logs/build.log 2>&1; cp .gpu/build/*.txt .gpu/build/*.log logs/ 2>/dev/null; echo "build rc $? in $(( $(date +%s) - t0 )) s" >> logs/build.log) & pids+=($!) ;;
     madbench) timeout $T python3 -m mixzoo bench mixers --shape mad ${MIXERS} --out logs/madbench$MBN.json \
              > logs/madbench$MBN.log 2>&1 & pids+=($!) ;;
+    bench) timeout $T python3 -m mixzoo bench mixers ${BENCH_ARGS} --out logs/bench$MBN.json \
+             > logs/bench$MBN.log 2>&1 & pids+=($!) ;;
     tput) timeout $T python3 -m mixzoo bench throughput ${TP_ARGS} --out logs/throughput.json --md logs/throughput.md \
              > logs/throughput.log 2>&1 & pids+=($!) ;;
     script:*) f=${part#script:}; timeout $T python3 $f ${SCRIPT_ARGS} > logs/$(basename $f .py).log 2>&1 & pids+=($!) ;;

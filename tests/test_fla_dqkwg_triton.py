@@ -79,7 +79,7 @@ def test_routing_on_a_machine_without_cuda(monkeypatch):
 
     from mixzoo.kernels import fla_dqkwg as f
     monkeypatch.setenv("MIXZOO_DQKWG", "bogus")
-    assert f.impl() == f.DEFAULT_IMPL == "torch"
+    assert f.impl() == f.DEFAULT_IMPL == "triton"
     monkeypatch.setenv("MIXZOO_DQKWG", "torch")
     assert f.impl() == "torch" and not f.triton_ok()
     monkeypatch.delenv("MIXZOO_DQKWG")

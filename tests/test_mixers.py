@@ -88,6 +88,15 @@ def test_chunked_scans_match_step_recurrences(chunk):
                                simple_gla_recurrent(q, k, v, g, neg=neg), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(gated_delta_chunk(q, k, v, g, beta, chunk=chunk),
                                gated_delta_recurrent(q, k, v, g, beta), atol=1e-4, rtol=1e-4)
+    # Mamba-2's SSD form: q and k shared by the heads, the per-head dt as a key scale
+    q1, k1 = q[:, :1], k[:, :1]
+    dts = torch.rand(B, H, T, generator=g0) + 0.1
+    want = simple_gla_recurrent(q1.expand(B, H, T, K), k1 * dts.unsqueeze(-1), v, g, neg=neg)
+    torch.testing.assert_close(simple_gla_chunk(q1, k1, v, g, neg=neg, chunk=chunk, k_scale=dts), want,
+                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(simple_gla_chunk(q1, k1, v, g, chunk=chunk, k_scale=dts),
+                               simple_gla_recurrent(q1.expand(B, H, T, K), k1 * dts.unsqueeze(-1), v, g),
+                               atol=1e-5, rtol=1e-5)
 
 
 def test_gated_delta_chunk_float32_stable_with_correlated_keys():

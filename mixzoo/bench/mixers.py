@@ -106,9 +106,8 @@ def graphed_ms(step, dev, iters: int) -> float:
             step()
     torch.cuda.current_stream(dev).wait_stream(side)
     torch.cuda.synchronize(dev)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        step()
+    from ..train.graphed import capture
+    g = capture(step, dev)
     g.replay()
     torch.cuda.synchronize(dev)
     t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -141,15 +141,16 @@ def _dqkwg(q, k, v, do, h, dh, w, g, dv, scale, state_v_first, chunk_size):
     return dq, dk, dw, dg
 
 
-# The default until the Triton kernel has been timed against this step on the GPU (it has only
-# been checked in the Triton interpreter): this PyTorch step
-DEFAULT_IMPL = "torch"
+# The Triton kernel by default (where it has matched this step on the device, else this step): on an
+# H200 at the mad recipe's layer (16 heads, batch 128, length 128) gdn's forward+backward took 1.55 ms
+# with it against 2.35 ms with this step as one CUDA graph, and 5.49 against 6.61 ms eagerly.
+DEFAULT_IMPL = "triton"
 
 
 def impl() -> str:
-    """Which implementation of this step runs: ``MIXZOO_DQKWG`` = torch | triton (mixzoo's
+    """Which implementation of this step is asked for: ``MIXZOO_DQKWG`` = torch | triton (mixzoo's
     one-launch Triton kernel, ``mixzoo.kernels.fla_dqkwg_triton``, on a CUDA device where it matches
-    this PyTorch version at the call's sizes, else this version); default ``DEFAULT_IMPL``."""
+    this PyTorch version at the call's sizes, else this version); default ``DEFAULT_IMPL`` (triton)."""
     import os
     v = os.environ.get("MIXZOO_DQKWG", DEFAULT_IMPL)
     return v if v in ("torch", "triton") else DEFAULT_IMPL

@@ -6,10 +6,9 @@ the same computation in one launch: one program per (chunk, sequence x head), ev
 bf16 operands accumulated in float32 (as the stand-in's float32 matmuls of the same values), the
 in-chunk score matrix rounded to the input dtype before its two products, as fla does.
 
-It runs only where asked (``MIXZOO_DQKWG=triton``; the default stays the stand-in until this kernel
-has been timed on the GPU) and only after it has matched the PyTorch stand-in on the device it
-runs on at the call's sizes (:func:`usable`: a small problem with a partial last chunk);
-otherwise the stand-in runs. It
+It is the default (``MIXZOO_DQKWG=torch`` asks for the stand-in) and runs only after it has matched
+the PyTorch stand-in on the device it runs on at the call's sizes (:func:`usable`: a small problem
+with a partial last chunk); otherwise the stand-in runs. It
 handles the cases the stand-in's callers produce in mixzoo (fixed length, as many value heads as
 key heads, state as (K, V)); any other call goes to the stand-in. Imported only on a CUDA device.
 """

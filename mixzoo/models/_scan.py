@@ -5,7 +5,9 @@ and their GPU path where fla's kernels cannot run. Layout (B, H, T, D), head-fir
   a_t = exp(g_t) per (batch, head, position), optionally signed (``neg``: a_t < 0 there, for
   eigenvalues in (-1, 1)). Fully parallel: intra-chunk masked products, then chunk states
   passed along with one (N x N) decay matrix over the N chunks. Covers linear attention (g = 0)
-  and Mamba-2 (q = C, k = B dt, v = x, g = A dt).
+  and Mamba-2 (q = C, k = B dt, v = x, g = A dt); for Mamba-2, whose B and C are shared by the
+  heads, q and k may have one head that every head shares and the per-head dt comes as
+  ``k_scale``, so that no per-head copy of them is made (Mamba-2's SSD form).
 * ``gated_delta_chunk``: the gated delta rule S_t = a_t S_{t-1} (I - β_t k_t k_tᵀ) + β_t v_t k_tᵀ
   (state written as V x K here), o_t = scale S_t q_t. Within a chunk the updates are folded with
   one unit-lower-triangular solve (the WY/UT form); across chunks a short loop of three fused
@@ -45,16 +47,21 @@ def _sign_from_parity(p: torch.Tensor) -> torch.Tensor:
 
 @_no_autocast
 def simple_gla_chunk(q, k, v, g, *, scale: float = 1.0, neg: torch.Tensor | None = None,
-                     chunk: int = 64) -> torch.Tensor:
-    """q, k: (B, H, T, K); v: (B, H, T, V); g: (B, H, T) log-magnitude of the decay (<= 0);
-    neg: optional bool (B, H, T), True where the decay is negative. Returns (B, H, T, V) in
-    q's dtype, computed in float32 (float64 for float64 inputs)."""
-    B, H, T, _ = q.shape
+                     chunk: int = 64, k_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """q, k: (B, H, T, K) or (B, 1, T, K) shared by the heads; v: (B, H, T, V); g: (B, H, T)
+    log-magnitude of the decay (<= 0); neg: optional bool (B, H, T), True where the decay is
+    negative; k_scale: optional (B, H, T), key s of head h scaled by k_scale[b, h, s]. Returns
+    (B, H, T, V) in q's dtype, computed in float32 (float64 for float64 inputs).
+
+    Diagonal scalings are applied to the smaller side of each product (the chunk's scores, the
+    value rows, the output rows), never to a per-head copy of q or k."""
+    B, H, T, _ = v.shape
     dt = q.dtype
     C = max(1, min(chunk, T))
     cdt = torch.float64 if dt == torch.float64 else torch.float32
     q, k, v, g = (t.to(cdt) for t in (q, k, v, g))
     qc, kc, vc = _chunked(q, C), _chunked(k, C), _chunked(v, C)
+    ks = None if k_scale is None else _chunked(k_scale.to(cdt).unsqueeze(-1), C).squeeze(-1)   # (B, H, N, C)
     gc = _chunked(g.unsqueeze(-1), C).squeeze(-1).cumsum(-1)             # (B, H, N, C)
     N = gc.shape[2]
     tri = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
@@ -70,9 +77,12 @@ def simple_gla_chunk(q, k, v, g, *, scale: float = 1.0, neg: torch.Tensor | None
         to_end = to_end * _sign_from_parity(p[..., -1:] - p)
         from_start = from_start * _sign_from_parity(p)
         chunk_par = p[..., -1]
+    if ks is not None:
+        L = L * ks.unsqueeze(-2)                                         # column s scaled by k_scale_s
+        to_end = to_end * ks
     o = ((qc @ kc.transpose(-1, -2)) * L) @ vc                           # intra-chunk
     if N > 1:
-        states = (kc * to_end.unsqueeze(-1)).transpose(-1, -2) @ vc      # (B, H, N, K, V)
+        states = kc.transpose(-1, -2) @ (vc * to_end.unsqueeze(-1))      # (B, H, N, K, V)
         cum = chunk_decay.cumsum(-1)                                     # (B, H, N)
         # state entering chunk n = Σ_{m<n} (decay of chunks m+1..n-1) states_m
         dm = (cum[..., :, None] - chunk_decay[..., :, None]) - cum[..., None, :]
@@ -82,7 +92,7 @@ def simple_gla_chunk(q, k, v, g, *, scale: float = 1.0, neg: torch.Tensor | None
             cp = chunk_par.cumsum(-1)
             M = M * _sign_from_parity((cp - chunk_par)[..., :, None] - cp[..., None, :])
         enter = torch.einsum("bhnm,bhmkv->bhnkv", M, states)
-        o = o + (qc * from_start.unsqueeze(-1)) @ enter
+        o = o + (qc @ enter) * from_start.unsqueeze(-1)
     return (o.flatten(2, 3)[:, :, :T] * scale).to(dt)
 
 

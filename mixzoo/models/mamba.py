@@ -4,7 +4,8 @@
 Mamba-2 per head: h_t = a_t h_{t-1} + B_t (dt_t x_t)ᵀ, y_t = h_tᵀ C_t + D x_t with a scalar
 a_t = exp(A dt_t), A < 0; B, C shared by the heads. That is simple gated linear attention with
 q = C, k = B dt, v = x, log-decay A dt, which is how it runs: ``torch-chunk`` is
-``_scan.simple_gla_chunk`` (plain PyTorch, fully parallel, the CPU path and the reference) and
+``_scan.simple_gla_chunk`` (plain PyTorch, fully parallel, the CPU path and the reference; B and C
+enter once for all heads with dt as a per-head key scale, the SSD form) and
 ``fla-simple-gla`` is fla's Triton ``chunk_simple_gla`` on a GPU (head dims below 64 zero-padded to
 64: ``FLA_MIN_HEAD_DIM``). On Hopper with Triton < 3.7.1,
 where fla refuses its gated ``chunk_bwd_dqkwg`` kernel, that one backward step runs as mixzoo's
@@ -114,8 +115,6 @@ class Mamba(nn.Module):
         dt = F.softplus(dt.float() + self.dt_bias)                          # (B, T, H)
         log_a, negm = _signed(-self.A_log.float().exp() * dt, self.neg)     # (B, T, H)
         xh = xs.view(B, T, self.h, -1)                                      # (B, T, H, P)
-        k = Bm.float().unsqueeze(2) * dt.unsqueeze(-1)                      # (B, T, H, N)
-        q = Cm.float().unsqueeze(2).expand(B, T, self.h, self.N)
         fn = None
         if x.is_cuda and self.requested != "torch" and negm is None:
             fn, suffix = _fla.gated_chunk_op("fla.ops.simple_gla", "chunk_simple_gla", max(self.N, _fla.MIN_DOT),
@@ -125,14 +124,17 @@ class Mamba(nn.Module):
             raise RuntimeError("mamba: backend='fla' asked for but fla's chunk_simple_gla cannot run here")
         if fn is not None:
             self.backend = name
+            k = Bm.float().unsqueeze(2) * dt.unsqueeze(-1)                  # (B, T, H, N): fla takes a key per head
+            q = Cm.float().unsqueeze(2).expand(B, T, self.h, self.N)
             qp, kp = _fla.pad_heads(q.to(xh.dtype), k.to(xh.dtype))
             vp = _fla.pad_heads(xh, width=FLA_MIN_HEAD_DIM)
             y = fn(qp, kp, vp, g=log_a.contiguous(), scale=1.0)[0][..., :xh.shape[-1]]
         else:
             self.backend = "torch-chunk"
             hf = lambda t: t.transpose(1, 2)
-            y = hf(simple_gla_chunk(hf(q), hf(k), hf(xh), hf(log_a),
-                                    neg=None if negm is None else hf(negm), chunk=self.chunk))
+            # B and C once for every head, dt as the per-head key scale (no (B, T, H, N) copies)
+            y = hf(simple_gla_chunk(Cm.float().unsqueeze(1), Bm.float().unsqueeze(1), hf(xh), hf(log_a),
+                                    neg=None if negm is None else hf(negm), chunk=self.chunk, k_scale=hf(dt)))
         y = y.float() + self.D[:, None] * xh.float()
         y = y.reshape(B, T, self.di) * F.silu(z.float())
         return self.out_proj(self.norm(y).to(x.dtype))

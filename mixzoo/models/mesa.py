@@ -22,6 +22,11 @@ from ._parts import ConvAct, GatedNorm, l2norm
 from ._scan import decayed_prefix_sums
 from .common import split_heads
 
+# Head widths fla's chunk_mesa_net is run at (a narrower head is zero-padded to the next): 64 and 128
+# have matched the exact read-out on an H200; 32 faulted there (benchmarks/mesa_head_pad.py measures
+# each width against the exact read-out, one process per width).
+FLA_HEAD_DIMS = (64, 128)
+
 
 def _decayed_prefix(x: torch.Tensor, decay: float, chunk: int = 64) -> torch.Tensor:
     """h_i = Σ_{j<=i} decay^{i-j} x_j along dim -3 of (..., T, A, B), in O(T) chunks."""
@@ -102,7 +107,7 @@ class MesaNet(nn.Module):
     def _fast(self, x):
         if not x.is_cuda or self.requested == "torch":
             return None
-        fn = _fla.triton_op("fla.ops.mesa_net", "chunk_mesa_net") if self.dh <= 128 else None
+        fn = _fla.triton_op("fla.ops.mesa_net", "chunk_mesa_net") if self.dh <= max(FLA_HEAD_DIMS) else None
         if fn is None and self.requested == "fla":
             raise RuntimeError("mesa: backend='fla' asked for but fla's Triton kernel is unavailable")
         return fn
@@ -123,7 +128,7 @@ class MesaNet(nn.Module):
             # The kernel is run at shapes seen to work on an H200: whole chunks of 64 and head
             # dim 64 (head dim 32 faulted there). Zero padding is exact: padded positions come
             # after t, padded dims have zero q, k, v (and Λ = 1), so they add nothing.
-            pad, dpad = -T % 64, (64 if D <= 64 else 128) - D
+            pad, dpad = -T % 64, next(w for w in FLA_HEAD_DIMS if w >= D) - D
             if pad or dpad:
                 q, k, v = (F.pad(t, (0, dpad, 0, pad)) for t in (q, k, v))
                 g, beta = F.pad(g, (0, 0, 0, pad)), F.pad(beta, (0, 0, 0, pad))

@@ -37,6 +37,30 @@ from .steploop import Book, autocast, due, mark, precision_of, seed_all, sparse_
 WARMUP = 3        # eager steps before the capture
 
 
+def capture(fn: Callable[[], None], dev: torch.device) -> torch.cuda.CUDAGraph:
+    """``fn`` captured as one CUDA graph, or the capture's error raised with the device left usable.
+
+    A capture that fails inside CUDA (a host sync in ``fn``: cudaErrorStreamCaptureInvalidated)
+    leaves torch's CUDA generator marked as capturing and the capture stream current, so that every
+    later random op on the device raises "Offset increment outside graph capture" (seen on an
+    H200: one failed capture broke every mechanism benchmarked after it). On failure the current
+    stream is restored and one trivial capture, which succeeds, resets the generator."""
+    stream = torch.cuda.current_stream(dev)
+    g = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(g):
+            fn()
+        return g
+    except Exception:
+        torch.cuda.set_stream(stream)
+        torch.cuda.synchronize(dev)
+        heal = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(heal):
+            torch.zeros(1, device=dev).add_(1)
+        del heal
+        raise
+
+
 class Stepper:
     """Runs a step function (no arguments, no host state) eagerly or as a captured CUDA graph.
 
@@ -71,10 +95,8 @@ class Stepper:
             return
         if self.graph is None:
             torch.cuda.synchronize(self.dev)
-            g = torch.cuda.CUDAGraph()
             try:
-                with torch.cuda.graph(g):
-                    self.fn()
+                g = capture(self.fn, self.dev)
             except Exception as e:
                 self.capture, self.reason = False, f"CUDA graph capture failed at step {i}: {failure_reason(e)}"
                 if not self.keep_going:

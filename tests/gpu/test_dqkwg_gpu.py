@@ -1,4 +1,4 @@
-"""mixzoo's Triton dqkwg kernel on the GPU (``MIXZOO_DQKWG=triton``; not the default until timed): it
+"""mixzoo's Triton dqkwg kernel on the GPU (the default; ``MIXZOO_DQKWG=torch`` asks for the stand-in): it
 matches the PyTorch step there at the zoo's head sizes (the self-check that enables it), and gdn /
 Mamba-2 layers give the same gradients with either."""
 from __future__ import annotations

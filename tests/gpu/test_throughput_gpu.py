@@ -81,3 +81,20 @@ def test_stacked_matches_separate_runs(mixer, mode):
         rel = max(rel, _rel(alone.history, r.history))
     _record(f"{mode}-K4-vs-separate[{mixer}]", rel)
     assert rel < RTOL
+
+
+def test_failed_capture_leaves_the_device_usable():
+    """A capture invalidated by a host sync raises, and afterwards random ops and captures work."""
+    from mixzoo.train.graphed import capture
+    dev = torch.device("cuda")
+    x = torch.ones(4, device=dev)
+    cur = torch.cuda.current_stream(dev)
+    with pytest.raises(RuntimeError):      # torch's AcceleratorError is a RuntimeError
+        capture(lambda: float(x.sum().item()), dev)
+    assert torch.cuda.current_stream(dev) == cur
+    torch.randn(8, device=dev)                    # raised "Offset increment outside graph capture" before
+    y = torch.zeros(4, device=dev)
+    g = capture(lambda: y.add_(torch.rand(4, device=dev)), dev)
+    g.replay()
+    torch.cuda.synchronize()
+    assert bool(((y > 0) & (y < 1)).all())
