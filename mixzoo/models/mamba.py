@@ -6,8 +6,9 @@ a_t = exp(A dt_t), A < 0; B, C shared by the heads. That is simple gated linear 
 q = C, k = B dt, v = x, log-decay A dt, which is how it runs: ``torch-chunk`` is
 ``_scan.simple_gla_chunk`` (plain PyTorch, fully parallel, the CPU path and the reference; B and C
 enter once for all heads with dt as a per-head key scale, the SSD form) and
-``fla-simple-gla`` is fla's Triton ``chunk_simple_gla`` on a GPU (head dims below 64 zero-padded to
-64: ``FLA_MIN_HEAD_DIM``). On Hopper with Triton < 3.7.1,
+``fla-simple-gla`` is fla's Triton ``chunk_simple_gla`` on a GPU, taken by ``backend="auto"`` for value
+heads of at least 64 (``FLA_MIN_HEAD_DIM``; narrower heads would be zero-padded to 64, which
+``backend="fla"`` does and which measured slower than ``torch-chunk``). On Hopper with Triton < 3.7.1,
 where fla refuses its gated ``chunk_bwd_dqkwg`` kernel, that one backward step runs as mixzoo's
 one-launch Triton version where it has matched mixzoo's PyTorch version on the device
 (``fla-simple-gla+triton-dqkwg``), else as that PyTorch version (``fla-simple-gla+torch-dqkwg``;
@@ -40,7 +41,11 @@ from .common import RMSNorm
 # fla's chunk_simple_gla on an H200 (Triton 3.6, with mixzoo's dqkwg step) at d_state 64: value heads of 16
 # gave wrong input gradients (relative error 12-24 against float64 at the mad recipe's 16 heads, a non-finite
 # gradient at the first step) and heads of 32 an illegal memory access; 64 and 128 match the reference. The
-# value head is zero-padded to 64 there (exact: zero value columns give zero output columns, sliced off).
+# value head is zero-padded to 64 there (exact: zero value columns give zero output columns, sliced off)
+# when fla is asked for; "auto" takes fla only for heads that need no padding. Measured on one H200
+# (bench mixers, one layer forward+backward, bf16, as one CUDA graph / eagerly): at the mad recipe's 16
+# heads of 16 (batch 128, length 128) fla padded 3.85 / 6.68 ms, torch-chunk 2.92 / 7.20 ms; at 2 heads
+# of 128 (batch 8, length 1024) fla 0.93 / 5.54 ms, torch-chunk 1.12 / 4.60 ms.
 FLA_MIN_HEAD_DIM = 64
 
 
@@ -116,7 +121,8 @@ class Mamba(nn.Module):
         log_a, negm = _signed(-self.A_log.float().exp() * dt, self.neg)     # (B, T, H)
         xh = xs.view(B, T, self.h, -1)                                      # (B, T, H, P)
         fn = None
-        if x.is_cuda and self.requested != "torch" and negm is None:
+        wide = xh.shape[-1] >= FLA_MIN_HEAD_DIM
+        if x.is_cuda and negm is None and (self.requested == "fla" or (self.requested == "auto" and wide)):
             fn, suffix = _fla.gated_chunk_op("fla.ops.simple_gla", "chunk_simple_gla", max(self.N, _fla.MIN_DOT),
                                              max(xh.shape[-1], FLA_MIN_HEAD_DIM))
             name = "fla-simple-gla" + suffix

@@ -22,10 +22,13 @@ from ._parts import ConvAct, GatedNorm, l2norm
 from ._scan import decayed_prefix_sums
 from .common import split_heads
 
-# Head widths fla's chunk_mesa_net is run at (a narrower head is zero-padded to the next): 64 and 128
-# have matched the exact read-out on an H200; 32 faulted there (benchmarks/mesa_head_pad.py measures
-# each width against the exact read-out, one process per width).
-FLA_HEAD_DIMS = (64, 128)
+# Head widths fla's chunk_mesa_net is run at (a narrower head is zero-padded to the next): 16, 64 and
+# 128 have matched the exact read-out on an H200; 32 faulted there (illegal memory access).
+# benchmarks/mesa_head_pad.py measures each width against the float64 exact read-out, one process per
+# width: at the mad recipe's 16 heads of 8, width 16 gave output / worst gradient errors 9.4e-3 /
+# 3.1e-2 (the bf16 PyTorch path: 8.7e-3 / 3.5e-2) and a layer forward+backward of 2.13 ms as one CUDA
+# graph at MAD's shape, against 3.61 ms padded to 64.
+FLA_HEAD_DIMS = (16, 64, 128)
 
 
 def _decayed_prefix(x: torch.Tensor, decay: float, chunk: int = 64) -> torch.Tensor:
@@ -125,8 +128,8 @@ class MesaNet(nn.Module):
         if fast is not None:
             self.backend = "fla-chunk"
             T, D = x.shape[1], self.dh
-            # The kernel is run at shapes seen to work on an H200: whole chunks of 64 and head
-            # dim 64 (head dim 32 faulted there). Zero padding is exact: padded positions come
+            # The kernel is run at shapes seen to work on an H200: whole chunks of 64 and the head
+            # dims of FLA_HEAD_DIMS. Zero padding is exact: padded positions come
             # after t, padded dims have zero q, k, v (and Λ = 1), so they add nothing.
             pad, dpad = -T % 64, next(w for w in FLA_HEAD_DIMS if w >= D) - D
             if pad or dpad:

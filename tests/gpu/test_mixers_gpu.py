@@ -107,13 +107,33 @@ def test_mesa_contract_and_fast_path_on_gpu(d_model, seq_len):
 
 # the mad recipe's heads (width 128 in 16 heads of 8) are narrower than fla's kernels take
 # (tl.dot K >= 16): each fla path runs them zero-padded to 16 and must match its reference
-@pytest.mark.parametrize("name", ["parallax", "gla", "gdn", "mamba"])
+# (Mamba-2's value heads of 16 there take torch-chunk: test_mamba_backend_by_head_width)
+@pytest.mark.parametrize("name", ["parallax", "gla", "gdn"])
 def test_fast_path_at_mad_head_width(name):
     from mixzoo.check import check_mixer
     results = check_mixer(name, device="cuda", d_model=128, num_heads=16, seq_len=100)
     for r in results:
         print(name, "16 heads", r.status, r.check, r.detail)
     assert all(r.ok for r in results), [r for r in results if not r.ok]
+
+
+def test_mamba_backend_by_head_width():
+    """Mamba-2 takes fla's kernel for value heads of 64 or more and torch-chunk below (where fla would
+    pad them to 64); asked for, fla runs the narrow heads padded and matches torch-chunk."""
+    from mixzoo.check import _rel
+    from mixzoo.registry import build_mixer, get_mixer
+    x = torch.randn(2, 100, 128, generator=torch.Generator().manual_seed(0)).cuda()
+    seen, ys = {}, {}
+    for heads, backend in ((2, "auto"), (16, "auto"), (16, "fla")):
+        torch.manual_seed(0)
+        m = build_mixer(get_mixer("mamba"), 128, num_heads=heads, layer_idx=0, l_max=100, backend=backend).cuda()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            ys[(heads, backend)] = m(x).float()
+        seen[(heads, backend)] = m.backend
+    assert seen[(2, "auto")].startswith("fla-simple-gla"), seen
+    assert seen[(16, "auto")] == "torch-chunk", seen
+    assert seen[(16, "fla")].startswith("fla-simple-gla"), seen
+    assert _rel(ys[(16, "fla")], ys[(16, "auto")]) < 5e-2
 
 
 def test_mad_shape_step_time_within_3x_softmax():
