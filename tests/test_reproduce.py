@@ -334,6 +334,17 @@ def test_the_repository_results_hold_no_smoke_rows():
         assert not any("[smoke]" in (s or "") for s in pq.read_table(p, columns=["study"]).column(0).to_pylist())
 
 
+def test_the_repository_reference_rows_carry_their_provenance():
+    """Every published row: a GPU run of a committed tree (sha, not dirty), with its command."""
+    rows = reference_rows()
+    for r in rows:
+        assert r["device_name"] and r["device_name"] != "cpu", r["run_id"]
+        assert len(r["git_sha"] or "") == 40 and not r["git_dirty"], r["run_id"]
+        assert r["command"].startswith("mixzoo") and "reproduce" in r["command"], r["run_id"]
+        assert r["state"] == "COMPLETE", r["run_id"]
+    assert {s.split("[")[0] for s in (r["study"] for r in rows)} <= set(figures())
+
+
 def test_importing_the_command_is_light():
     code = ("import sys, mixzoo.reproduce.cli, mixzoo.reproduce as r; r.figures(); "
             "print('torch' in sys.modules)")

@@ -128,7 +128,7 @@ def reference_rows(name: str | None = None, *, directory: str | Path | None = No
     """The reference leaderboard's rows (the GPU runs of these reproductions, committed under
     ``results/leaderboard``), as ``mixzoo.leaderboard`` row dicts; ``name`` keeps one reproduction's.
     Rows of a smoke run are never reference results and are dropped here even if some land there.
-    Empty until the GPU runs land. For ``mixzoo leaderboard show --with-reference``: the views take
+    Empty for a figure that has not run there. For ``mixzoo leaderboard show --with-reference``: the views take
     these rows beside a user's own."""
     d = Path(directory) if directory is not None else reference_dir()
     if not (d / "leaderboard").is_dir():
