@@ -54,8 +54,12 @@ def simple_gla_chunk(q, k, v, g, *, scale: float = 1.0, neg: torch.Tensor | None
     (B, H, T, V) in q's dtype, computed in float32 (float64 for float64 inputs).
 
     Diagonal scalings are applied to the smaller side of each product (the chunk's scores, the
-    value rows, the output rows), never to a per-head copy of q or k."""
+    value rows, the output rows), never to a per-head copy of q or k; with shared q and k the
+    heads are folded into the columns of the state products ((K x C)(C x H·V) per chunk), so that
+    no product broadcasts q or k over the heads (a broadcast matmul copies its operand per head)."""
     B, H, T, _ = v.shape
+    V = v.shape[-1]
+    shared = q.shape[1] == 1 and k.shape[1] == 1 and H > 1
     dt = q.dtype
     C = max(1, min(chunk, T))
     cdt = torch.float64 if dt == torch.float64 else torch.float32
@@ -82,7 +86,11 @@ def simple_gla_chunk(q, k, v, g, *, scale: float = 1.0, neg: torch.Tensor | None
         to_end = to_end * ks
     o = ((qc @ kc.transpose(-1, -2)) * L) @ vc                           # intra-chunk
     if N > 1:
-        states = kc.transpose(-1, -2) @ (vc * to_end.unsqueeze(-1))      # (B, H, N, K, V)
+        w = vc * to_end.unsqueeze(-1)                                    # (B, H, N, C, V)
+        if shared:                                                       # (B, N, K, H, V)
+            states = (kc[:, 0].transpose(-1, -2) @ w.permute(0, 2, 3, 1, 4).flatten(3)).unflatten(-1, (H, V))
+        else:
+            states = kc.transpose(-1, -2) @ w                            # (B, H, N, K, V)
         cum = chunk_decay.cumsum(-1)                                     # (B, H, N)
         # state entering chunk n = Σ_{m<n} (decay of chunks m+1..n-1) states_m
         dm = (cum[..., :, None] - chunk_decay[..., :, None]) - cum[..., None, :]
@@ -91,8 +99,13 @@ def simple_gla_chunk(q, k, v, g, *, scale: float = 1.0, neg: torch.Tensor | None
         if neg is not None:
             cp = chunk_par.cumsum(-1)
             M = M * _sign_from_parity((cp - chunk_par)[..., :, None] - cp[..., None, :])
-        enter = torch.einsum("bhnm,bhmkv->bhnkv", M, states)
-        o = o + (qc @ enter) * from_start.unsqueeze(-1)
+        if shared:
+            enter = torch.einsum("bhnm,bmkhv->bnkhv", M, states)         # (B, N, K, H, V)
+            inter = (qc[:, 0] @ enter.flatten(3)).unflatten(-1, (H, V)).permute(0, 3, 1, 2, 4)
+        else:
+            enter = torch.einsum("bhnm,bhmkv->bhnkv", M, states)
+            inter = qc @ enter                                           # (B, H, N, C, V)
+        o = o + inter * from_start.unsqueeze(-1)
     return (o.flatten(2, 3)[:, :, :T] * scale).to(dt)
 
 
