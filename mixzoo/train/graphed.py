@@ -4,14 +4,16 @@ The step (forward, backward, gradient clipping, a capturable fused AdamW step, t
 loss sum) is written so that nothing in it lives on the host: the batch is picked from the
 device-resident training set by a device step counter, the learning rate is read from a schedule
 table on the device by that counter, and AdamW runs with ``fused=True, capturable=True`` and a
-tensor learning rate. Shapes are static. The first ``WARMUP`` steps run eagerly, on a side stream
+tensor learning rate (with ``optimizer="muon"``: ``optim.GraphMuon`` over the hidden matrices,
+torch.optim.Muon's update with a tensor learning rate, and that AdamW over the rest). Shapes are
+static. The first ``WARMUP`` steps run eagerly, on a side stream
 (they are training steps like the others: fla autotunes its kernels and AdamW allocates its state
 there, both of which must happen before capture); the next step is captured once and every step after
 it is one ``graph.replay()``. Validation runs eagerly between replays on the same weights.
 
 Selection (``select_mode``) and fallback: graphed runs only where it can; otherwise the run is the
 ordinary eager one (``loop.train``), and the result says why (``result.step_mode_reason``):
-not a CUDA device, ``compile`` on (its ``reduce-overhead`` mode is CUDA graphs already), Muon,
+not a CUDA device, ``compile`` on (its ``reduce-overhead`` mode is CUDA graphs already),
 ``wd_anneal_gamma`` (the weight decay is a host float of fused AdamW, so it cannot change inside a
 graph), extra Lightning callbacks (there is no Lightning in this loop). If anything fails before
 the first replay (building, warm-up, capture: e.g. a kernel that reads the device from the host),
@@ -31,7 +33,7 @@ from ..models import ModelConfig, build_model
 from ..tasks.base import Batch, Task
 from .config import RunResult, TrainConfig, physical_gpu
 from .loop import count_params, failure_reason, loss_fn, resolve_device
-from .optim import _decay_groups, lr_lambda
+from .optim import Combined, GraphMuon, _decay_groups, lr_lambda, split_params
 from .steploop import Book, autocast, due, mark, precision_of, seed_all, sparse_width, splits, train_data
 
 WARMUP = 3        # eager steps before the capture
@@ -120,7 +122,8 @@ def select_mode(cfg: TrainConfig, dev: torch.device, callbacks=None) -> tuple[st
         return mode, ""
     for bad, why in ((dev.type != "cuda", "CUDA graphs need a CUDA device"),
                      (cfg.compile != "off", f"compile={cfg.compile!r} (graphed replaces it; set compile=off)"),
-                     (cfg.optimizer != "adamw", f"optimizer={cfg.optimizer!r}: graphed runs fused AdamW only"),
+                     (cfg.optimizer not in ("adamw", "muon"),
+                      f"optimizer={cfg.optimizer!r}: graphed runs AdamW and Muon only"),
                      (cfg.wd_anneal_gamma is not None, "wd_anneal_gamma: the weight decay of fused AdamW is a "
                                                        "host float, fixed inside a graph"),
                      (bool(callbacks), "Lightning callbacks need the Lightning loop")):
@@ -194,12 +197,22 @@ def train_graphed(task, mixer, knobs, model_cfg, cfg, seed, dev, on_eval=None, l
                 seen.add(id(p))
                 uniq.append(("", p))
         params = [p for _, p in uniq]
-        lr = torch.tensor(cfg.lr, device=dev, dtype=torch.float32)
-        opt = torch.optim.AdamW(_decay_groups(uniq, cfg.weight_decay), lr=lr, betas=(0.9, 0.98),
-                                fused=True, capturable=cuda)
-        lrs = list({id(g["lr"]): g["lr"] for g in opt.param_groups}.values())
+        muon, rest = split_params(model) if cfg.optimizer == "muon" else ([], uniq)
         sched = lr_lambda(cfg)
-        table = torch.tensor([cfg.lr * sched(s) for s in range(cfg.steps)], device=dev, dtype=torch.float64)
+        opts, lrs = [], []          # lrs: (the optimizer's device learning rate, its schedule table)
+
+        def schedule(base: float, dtype) -> torch.Tensor:
+            t = torch.tensor(base, device=dev, dtype=dtype)
+            lrs.append((t, torch.tensor([base * sched(s) for s in range(cfg.steps)], device=dev,
+                                        dtype=torch.float64)))
+            return t
+        if muon:      # float64: 1 - lr·λ and the scaled step are then formed as torch.optim.Muon forms them
+            opts.append(GraphMuon([p for _, p in muon], lr=schedule(cfg.muon_lr or cfg.lr, torch.float64),
+                                  weight_decay=cfg.weight_decay, momentum=cfg.muon_momentum))
+        if rest:
+            opts.append(torch.optim.AdamW(_decay_groups(rest, cfg.weight_decay), lr=schedule(cfg.lr, torch.float32),
+                                          betas=(0.9, 0.98), fused=True, capturable=cuda))
+        opt = opts[0] if len(opts) == 1 else Combined(opts)
         idx = torch.zeros(1, dtype=torch.long, device=dev)
         loss_sum = torch.zeros((), device=dev)
         loss_n = torch.zeros((), device=dev)
@@ -219,7 +232,7 @@ def train_graphed(task, mixer, knobs, model_cfg, cfg, seed, dev, on_eval=None, l
         loss.backward()
         if cfg.grad_clip:
             torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip, foreach=True)
-        for t in lrs:
+        for t, table in lrs:
             t.copy_(table.index_select(0, idx).squeeze(0))
         opt.step()
         loss_sum.add_(loss.detach().float())

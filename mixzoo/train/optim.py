@@ -12,7 +12,8 @@ convention for Muon (modded-nanogpt), the one torch.optim.Muon's documentation s
 Muon runs ``torch.optim.Muon`` with ``adjust_lr_fn="match_rms_adamw"`` (Moonshot's scaling, 0.2 *
 sqrt(max(A, B))): its update then has AdamW's RMS, so one learning rate and weight decay serve both
 groups, which is what lets a sweep search one ``lr`` for either optimizer (``muon_lr`` overrides
-Muon's).
+Muon's). A run whose step is one CUDA graph (``train.graphed``) runs :class:`GraphMuon`, the same
+update with the learning rate a device tensor.
 
 Schedules (a multiplier of the learning rate per step): ``cosine`` (linear warm-up, cosine to
 ``min_lr_frac``) and ``wsd`` (linear warm-up, constant, then a linear decay to ``min_lr_frac`` over the
@@ -81,6 +82,59 @@ class Combined(torch.optim.Optimizer):
     def load_state_dict(self, state):
         for o, s in zip(self.optimizers, state["optimizers"]):
             o.load_state_dict(s)
+
+
+MUON_NS = (3.4445, -4.7750, 2.0315)    # torch.optim.Muon's quintic Newton-Schulz coefficients
+
+
+def newton_schulz(g: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
+    """torch.optim.Muon's orthogonalization of a 2-D update (bf16, the wide orientation, normalized,
+    ``steps`` quintic iterations), the same operations in the same order."""
+    a, b, c = MUON_NS
+    x = g.bfloat16()
+    tall = g.size(0) > g.size(1)
+    if tall:
+        x = x.T
+    x.div_(x.norm().clamp(min=eps))
+    for _ in range(steps):
+        gram = x @ x.T
+        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.T if tall else x
+
+
+class GraphMuon(torch.optim.Optimizer):
+    """Muon as ``torch.optim.Muon(..., nesterov=True, adjust_lr_fn="match_rms_adamw")`` computes it,
+    with the learning rate a 0-dim float64 tensor on the parameters' device that the step reads on
+    the device. Why not torch.optim.Muon itself: it reads a tensor learning rate on the host
+    (``_to_scalar``), which a CUDA graph capture refuses, and a float one would be frozen into the
+    graph, schedule and all. The update per matrix p of shape (A, B): momentum buffer b ← lerp(b, g,
+    1 - μ); u = NS(lerp(g, b, μ)); p ← p (1 - lr λ); p ← p - 0.2 sqrt(max(A, B)) lr u."""
+
+    def __init__(self, params, lr: torch.Tensor, weight_decay: float, momentum: float = 0.95, ns_steps: int = 5,
+                 eps: float = 1e-7):
+        if not (isinstance(lr, torch.Tensor) and lr.dim() == 0):
+            raise ValueError("GraphMuon: lr must be a 0-dim tensor")
+        super().__init__(params, {"lr": lr, "weight_decay": weight_decay, "momentum": momentum,
+                                  "ns_steps": ns_steps, "eps": eps})
+        for g in self.param_groups:
+            if any(p.dim() != 2 for p in g["params"]):
+                raise ValueError("GraphMuon: matrices only")
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for g in self.param_groups:
+            lr, wd, mu = g["lr"], g["weight_decay"], g["momentum"]
+            for p in g["params"]:
+                if p.grad is None:
+                    continue
+                st = self.state[p]
+                if "momentum_buffer" not in st:
+                    st["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)
+                buf = st["momentum_buffer"]
+                buf.lerp_(p.grad, 1 - mu)
+                u = newton_schulz(p.grad.lerp(buf, mu), g["ns_steps"], g["eps"])
+                p.mul_(1 - lr * wd)
+                p.addcmul_(u, lr * (-0.2 * math.sqrt(max(p.shape[0], p.shape[1]))))
 
 
 def build_optimizer(model: nn.Module, cfg, fused: bool) -> torch.optim.Optimizer:

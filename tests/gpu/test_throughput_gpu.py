@@ -64,6 +64,22 @@ def test_graphed_matches_eager(mixer):
     assert rel < RTOL
 
 
+@pytest.mark.parametrize("mixer", ["softmax", "parallax"])
+def test_graphed_muon_matches_eager_muon(mixer):
+    """optimizer=muon: the graphed step (GraphMuon, tensor learning rates) against the eager run
+    (torch.optim.Muon), the Parallax paper's optimizer at MAD's shape."""
+    from mixzoo.train import train
+    task, mcfg, data, cfg, TrainConfig = _setup()
+    cfg = {**cfg, "optimizer": "muon"}
+    eager = train(task, mixer, {}, mcfg, TrainConfig(**cfg), seed=0, device="cuda", data=data)
+    graphed = train(task, mixer, {}, mcfg, TrainConfig(step_mode="graphed", **cfg), seed=0, device="cuda", data=data)
+    assert graphed.step_mode == "graphed", graphed.step_mode_reason
+    assert graphed.state == eager.state == "COMPLETE" and graphed.backend == eager.backend
+    rel = _rel(eager.history, graphed.history)
+    _record(f"graphed-vs-eager-muon[{mixer}]", rel)
+    assert rel < RTOL
+
+
 @pytest.mark.parametrize("mode", ["stacked", "stacked+graphed"])
 @pytest.mark.parametrize("mixer", MIXERS)
 def test_stacked_matches_separate_runs(mixer, mode):
