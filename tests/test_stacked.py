@@ -18,7 +18,7 @@ from mixzoo.errors import UsageError
 from mixzoo.models import ModelConfig
 from mixzoo.tasks.mqar import MQAR
 from mixzoo.train import TrainConfig, train
-from mixzoo.train.stacked import StackedAdamW, StackedModel, clip_per_model_, train_stacked
+from mixzoo.train.stacked import StackedAdamW, StackedModel, StackedMuon, clip_per_model_, train_stacked
 
 TASK = MQAR(V=32, L=16, kv=2)
 MCFG = ModelConfig(d_model=16, num_heads=2)
@@ -106,6 +106,67 @@ def test_stacked_adamw_and_clipping_are_torch_s_per_model():
             torch.testing.assert_close(sm.params[n][k], p.detach(), rtol=1e-6, atol=1e-7)
 
 
+class _Tiny(torch.nn.Module):
+    """An embedding and a head (AdamW's under Muon), a hidden matrix (Muon's), a norm and biases."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(11, 6)
+        self.hidden = torch.nn.Linear(6, 9)
+        self.norm = torch.nn.LayerNorm(9)
+        self.head = torch.nn.Linear(9, 4)
+
+
+def test_stacked_muon_is_torch_s_per_model():
+    """Per model k: torch.optim.Muon on the hidden matrix and torch.optim.AdamW on the rest
+    (``build_optimizer`` with optimizer="muon"), under the schedule and per-model lr / muon_lr /
+    weight decay, against StackedMuon on the flat weights, over 6 steps."""
+    from mixzoo.train.optim import build_optimizer, lr_lambda, split_params
+    torch.manual_seed(0)
+    K = 3
+    cfgs = [TrainConfig(steps=6, lr=lr, weight_decay=wd, warmup_frac=0.3, optimizer="muon",
+                        muon_lr=None if k else 2e-2) for k, (lr, wd) in enumerate(HP)]
+    models, refs = [_Tiny() for _ in range(K)], [_Tiny() for _ in range(K)]
+    for m, r in zip(models, refs):
+        r.load_state_dict(m.state_dict())
+    first = [n for n, _ in split_params(models[0])[0]]
+    assert first == ["hidden.weight"]
+    sm = StackedModel(models, first=first)
+    assert sm.names[0] == "hidden.weight" and sm.n_first == 54 and sm.first_views == [("hidden.weight", 0, (9, 6))]
+    opts = [build_optimizer(r, c, fused=False) for r, c in zip(refs, cfgs)]
+    scheds = [torch.optim.lr_scheduler.LambdaLR(o, lr_lambda(c)) for o, c in zip(opts, cfgs)]
+    sopt = StackedMuon(sm, cfgs)
+    idx = torch.zeros(1, dtype=torch.long)
+    for _ in range(6):
+        grads = [{n: torch.randn_like(p) for n, p in r.named_parameters()} for r in refs]
+        for r, gr, o, s in zip(refs, grads, opts, scheds):
+            for n, p in r.named_parameters():
+                p.grad = gr[n].clone()
+            o.step()
+            s.step()
+        for n, p in zip(sm.names, sm.leaves):
+            p.grad = torch.stack([gr[n] for gr in grads])
+        sopt.step(sm.flat_grad(), idx)
+        idx += 1
+    for k, r in enumerate(refs):
+        for n, p in r.named_parameters():
+            torch.testing.assert_close(sm.params[n][k], p.detach(), rtol=1e-6, atol=1e-7, msg=f"{k} {n}")
+
+
+@pytest.mark.parametrize("mixer", ["softmax", "parallax"])
+def test_stacked_muon_runs_match_separate_runs(mixer):
+    """optimizer=muon: K runs stacked against each trained alone (Lightning, torch.optim.Muon)."""
+    cfgs = [TrainConfig(lr=lr, weight_decay=wd, optimizer="muon", **BASE) for lr, wd in HP]
+    solo = [train(TASK, mixer, {}, MCFG, c, seed=s, device="cpu") for c, s in zip(cfgs, SEEDS)]
+    stacked = train_stacked(TASK, mixer, {}, MCFG, cfgs, SEEDS, device="cpu")
+    assert [r.step_mode for r in stacked] == ["stacked"] * 3, stacked[0].step_mode_reason
+    for r, q in zip(solo, stacked):
+        assert q.state == r.state == "COMPLETE" and q.best_step == r.best_step
+        for a, b in zip(r.history, q.history):
+            assert _close(a["train_loss"], b["train_loss"], 1e-4) and _close(a["loss"], b["loss"], 1e-4), (a, b)
+        assert _close(r.test["loss"], q.test["loss"], 1e-4)
+
+
 def test_one_run_stopping_leaves_the_others_alone():
     """Run 1's on_eval raises at its first validation: it stops there (frozen, the error kept for the
     caller) while runs 0 and 2 train on, with their own numbers."""
@@ -128,8 +189,10 @@ def test_configurations_must_differ_only_in_seed_lr_weight_decay():
     a = TrainConfig(**BASE)
     with pytest.raises(UsageError, match="differ in batch_size"):
         train_stacked(TASK, "softmax", {}, MCFG, [a, TrainConfig(**{**BASE, "batch_size": 8})], [0, 1], device="cpu")
-    with pytest.raises(UsageError, match="adamw only"):
-        train_stacked(TASK, "softmax", {}, MCFG, [TrainConfig(optimizer="muon", **BASE)], [0], device="cpu")
+    with pytest.raises(UsageError, match="differ in optimizer"):
+        train_stacked(TASK, "softmax", {}, MCFG, [a, TrainConfig(optimizer="muon", **BASE)], [0, 1], device="cpu")
+    with pytest.raises(UsageError, match="compile='reduce-overhead'"):
+        train_stacked(TASK, "softmax", {}, MCFG, [TrainConfig(compile="reduce-overhead", **BASE)], [0], device="cpu")
     with pytest.raises(UsageError, match="2 configurations but 1 seeds"):
         train_stacked(TASK, "softmax", {}, MCFG, [a, a], [0], device="cpu")
 

@@ -579,12 +579,13 @@ def _tell_search(ctx: Context, u: Unit, frozen, tag: str, row: dict[str, Any]) -
 
 
 # ---------------------------------------------------------------------------- stacked batches
-STACKABLE = ("lr", "weight_decay")    # what may differ between the runs of one stacked batch (and the seed)
+STACKABLE = ("lr", "muon_lr", "weight_decay")    # what may differ between the runs of one stacked batch (and the seed)
 
 
 def stack_blocker(u: Unit, params: dict[str, Any] | None = None) -> str | None:
     """Why ``u``'s trials cannot be trained as one stacked batch (``train_stacked``'s contract: the
-    runs differ only in seed, lr and weight_decay; adamw; compile off), or None when they can.
+    runs differ only in seed, lr (muon_lr) and weight_decay; adamw or muon; compile off), or None when
+    they can.
     ``params`` None: the search trials (the space may vary only lr and weight_decay); else the
     final runs of that configuration (the same one, over seeds)."""
     if params is None:
@@ -599,8 +600,8 @@ def stack_blocker(u: Unit, params: dict[str, Any] | None = None) -> str | None:
         except Exception as e:
             return f"its best configuration does not build ({type(e).__name__})"
     cfg = spec.train_config()
-    if cfg.optimizer != "adamw":
-        return f"optimizer={cfg.optimizer!r} (stacked training runs adamw only)"
+    if cfg.optimizer not in ("adamw", "muon"):
+        return f"optimizer={cfg.optimizer!r} (stacked training runs adamw and muon only)"
     if cfg.compile != "off":
         return f"compile={cfg.compile!r} (stacked training runs with compile=off)"
     return None

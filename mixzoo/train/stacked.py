@@ -1,6 +1,6 @@
 """``step_mode="stacked"``: K runs of one architecture trained as one batched model.
 
-K configurations that differ only in seed, ``lr`` and ``weight_decay`` (a sweep's trials, or the
+K configurations that differ only in seed, ``lr`` (and ``muon_lr``) and ``weight_decay`` (a sweep's trials, or the
 seeds of its best configuration) are built as K models exactly as ``loop.train`` builds each (same
 seed, same initialization, same training set and batch order), then trained together:
 
@@ -19,14 +19,16 @@ seed, same initialization, same training set and batch order), then trained toge
   parameter, whatever K. (The alternative, one ``torch.optim`` param group per model, needs the
   weights as K separate tensors and a stack of every weight at every step.) Its state (step,
   schedule, per-model rates) lives on the device, so the step can be captured in a CUDA graph
-  (``step_mode="stacked+graphed"``).
+  (``step_mode="stacked+graphed"``). With ``optimizer="muon"``: Muon as torch.optim.Muon computes it
+  on each hidden matrix (``optim.split_params``), batched over the K models (one Newton-Schulz
+  iteration of batched matmuls per matrix for all K), and that AdamW on the rest of the buffer.
 
 Each model's validation, best weights, early stop, divergence and test score are its own, with the
 same code as ``loop.train`` (``steploop.Book``); a model that stops (early stop, non-finite loss) is
 frozen (learning rate 0: its weights do not move) while the others go on. Results match training
 each model alone up to floating-point reordering (tests/test_stacked.py).
 
-Not supported (``train_stacked`` raises UsageError): Muon, ``compile``, configurations differing in
+Not supported (``train_stacked`` raises UsageError): ``compile``, configurations differing in
 anything but seed, lr and weight_decay. Where the stacked step cannot run (a mechanism that does not
 vmap, e.g. a host read in its forward), ``train_stacked`` falls back to K separate eager runs and
 says why (``result.step_mode_reason``).
@@ -47,17 +49,19 @@ from ..models import ModelConfig, build_model
 from ..tasks.base import IGNORE, Batch, Task
 from .config import RunResult, TrainConfig, physical_gpu
 from .loop import count_params, failure_reason, resolve_device
-from .optim import lr_lambda, wd_multiplier
+from .optim import MUON_NS, lr_lambda, split_params, wd_multiplier
 from .steploop import Book, autocast, mark, peak_mem, precision_of, seed_all, sparse_width, splits, train_data
 from .vmapfold import folding
 
-PER_MODEL = ("lr", "weight_decay", "step_mode")     # what may differ between the K configurations
+PER_MODEL = ("lr", "muon_lr", "weight_decay", "step_mode")     # what may differ between the K configurations
 
 
 class StackedModel:
     """K models of one architecture as one: stacked weights, a vmapped forward."""
 
-    def __init__(self, models: Sequence[nn.Module]):
+    def __init__(self, models: Sequence[nn.Module], first: Sequence[str] = ()):
+        """``first``: names of matrices laid out before every other parameter (Muon's, whose
+        region is then ``flat[:, :n_first]``; ``first_views`` gives (name, offset, shape))."""
         self.K = K = len(models)
         self.template = models[0]
         named = list(self.template.named_parameters())          # tied weights once
@@ -66,9 +70,17 @@ class StackedModel:
             if p.dtype != torch.float32:
                 raise UsageError(f"stacked: parameter {name} is {p.dtype}; stacking needs float32 weights")
         train = [(n, p) for n, p in named if p.requires_grad]
-        train.sort(key=lambda np_: np_[1].dim() < 2)             # stable: matrices (decayed) first
+        first = set(first)
+        # stable: `first` matrices, then the other matrices (decayed), then vectors
+        train.sort(key=lambda np_: 0 if np_[0] in first else 1 if np_[1].dim() >= 2 else 2)
         self.names = [n for n, _ in train]
         self.n_decay = sum(p.numel() for _, p in train if p.dim() >= 2)
+        self.n_first = sum(p.numel() for n, p in train if n in first)
+        self.first_views, off = [], 0
+        for n, p in train:
+            if n in first:
+                self.first_views.append((n, off, tuple(p.shape)))
+            off += p.numel()
         N = sum(p.numel() for _, p in train)
         dev = named[0][1].device
         self.flat = torch.empty(K, N, device=dev, dtype=torch.float32)
@@ -129,13 +141,15 @@ class StackedAdamW:
     times the schedule's multiplier (``optim.lr_lambda``), read from a table on the device at the
     device step counter, so that nothing of the step lives on the host."""
 
-    def __init__(self, sm: StackedModel, cfgs: Sequence[TrainConfig], betas=(0.9, 0.98), eps: float = 1e-8):
+    def __init__(self, sm: StackedModel, cfgs: Sequence[TrainConfig], betas=(0.9, 0.98), eps: float = 1e-8,
+                 start: int = 0):
+        """``start``: the update covers ``flat[:, start:]`` only (Muon takes the columns before it)."""
         cfg = cfgs[0]
         dev, K = sm.flat.device, sm.K
         f64 = dict(device=dev, dtype=torch.float64)
-        self.sm, self.b1, self.b2, self.eps = sm, betas[0], betas[1], eps
-        self.m = torch.zeros_like(sm.flat)
-        self.v = torch.zeros_like(sm.flat)
+        self.sm, self.b1, self.b2, self.eps, self.start = sm, betas[0], betas[1], eps, start
+        self.m = torch.zeros_like(sm.flat[:, start:])
+        self.v = torch.zeros_like(sm.flat[:, start:])
         self.t = torch.zeros((), **f64)
         self.lr = torch.tensor([[c.lr] for c in cfgs], **f64)
         self.wd = torch.tensor([[c.weight_decay] for c in cfgs], **f64)
@@ -150,18 +164,70 @@ class StackedAdamW:
     @torch.no_grad()
     def step(self, g: torch.Tensor, idx: torch.Tensor) -> None:
         """One update with the flat gradient ``g``, at schedule step ``idx`` (a (1,) long tensor)."""
-        p, m, v = self.sm.flat, self.m, self.v
+        s = self.start
+        p, m, v, g = self.sm.flat[:, s:], self.m, self.v, g[:, s:]
         self.t += 1
         lr = self.lr * self.lr_table.index_select(0, idx) * self.on             # (K, 1) float64
-        if self.sm.n_decay:
+        if self.sm.n_decay > s:
             wd = self.wd * self.wd_table.index_select(0, idx)
-            p[:, :self.sm.n_decay].mul_((1 - lr * wd).float())
+            p[:, :self.sm.n_decay - s].mul_((1 - lr * wd).float())
         m.lerp_(g, 1 - self.b1)
         v.mul_(self.b2).addcmul_(g, g, value=1 - self.b2)
         step_size = (lr / (1 - self.b1 ** self.t)).float()
         bc2_sqrt = (1 - self.b2 ** self.t).sqrt().float()
         denom = (v.sqrt() / bc2_sqrt).add_(self.eps)
         p.add_(m.div(denom).mul_(-step_size))
+
+
+def newton_schulz_stacked(g: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
+    """``optim.newton_schulz`` of each (A, B) matrix of a (K, A, B) stack (per-matrix norms, batched
+    matmuls)."""
+    a, b, c = MUON_NS
+    x = g.bfloat16()
+    tall = g.size(1) > g.size(2)
+    if tall:
+        x = x.mT
+    x = x / torch.linalg.vector_norm(x, dim=(1, 2), keepdim=True).clamp(min=eps)
+    for _ in range(steps):
+        gram = x @ x.mT
+        x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.mT if tall else x
+
+
+class StackedMuon:
+    """Muon on the hidden matrices of K stacked models (``flat[:, :n_first]``), with AdamW
+    (``StackedAdamW``) on the rest: per model and matrix p of shape (A, B) the update of
+    torch.optim.Muon(nesterov=True, adjust_lr_fn="match_rms_adamw") with that model's rate:
+    b ← lerp(b, g, 1 - μ); u = NS(lerp(g, b, μ)); p ← p (1 - lr_k λ_k); p ← p - 0.2 sqrt(max(A, B)) lr_k u.
+    lr_k is ``muon_lr`` (or ``lr``) times the schedule, λ_k the weight decay times its annealing."""
+
+    def __init__(self, sm: StackedModel, cfgs: Sequence[TrainConfig]):
+        cfg = cfgs[0]
+        f64 = dict(device=sm.flat.device, dtype=torch.float64)
+        self.sm, self.mu = sm, cfg.muon_momentum
+        self.adamw = StackedAdamW(sm, cfgs, start=sm.n_first)
+        self.buf = torch.zeros_like(sm.flat[:, :sm.n_first])
+        self.lr = torch.tensor([[c.muon_lr or c.lr] for c in cfgs], **f64)
+        self.wd = torch.tensor([[c.weight_decay] for c in cfgs], **f64)
+
+    def freeze(self, k: int) -> None:
+        self.adamw.freeze(k)
+
+    @torch.no_grad()
+    def step(self, g: torch.Tensor, idx: torch.Tensor) -> None:
+        a, K = self.adamw, self.sm.K
+        lr = self.lr * a.lr_table.index_select(0, idx) * a.on                     # (K, 1) float64
+        decay = (1 - lr * self.wd * a.wd_table.index_select(0, idx)).float()[:, :, None]
+        for _, off, (A, B) in self.sm.first_views:
+            n = A * B
+            p = self.sm.flat[:, off:off + n].view(K, A, B)
+            gk = g[:, off:off + n].view(K, A, B)
+            buf = self.buf[:, off:off + n].view(K, A, B)
+            buf.lerp_(gk, 1 - self.mu)
+            u = newton_schulz_stacked(gk.lerp(buf, self.mu))
+            p.mul_(decay)
+            p.add_(u * (lr * (-0.2 * (max(A, B) ** 0.5))).float()[:, :, None])
+        a.step(g, idx)
 
 
 def per_model_loss(kind: str, out: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -187,8 +253,8 @@ def check_configs(cfgs: Sequence[TrainConfig]) -> None:
             raise UsageError(f"stacked: configurations differ in {', '.join(diff)}; only seed, lr and "
                              f"weight_decay may differ")
     c = cfgs[0]
-    if c.optimizer != "adamw":
-        raise UsageError(f"stacked: optimizer={c.optimizer!r}; stacked training runs adamw only")
+    if c.optimizer not in ("adamw", "muon"):
+        raise UsageError(f"stacked: optimizer={c.optimizer!r}; stacked training runs adamw and muon only")
     if c.compile != "off":
         raise UsageError(f"stacked: compile={c.compile!r}; stacked training runs with compile=off")
 
@@ -270,8 +336,12 @@ class Stack:
         self.mask = torch.stack([tds[s].train.mask for s in uniq])
         self.sel = None if width is None else torch.stack([tds[s].sel for s in uniq])
         self.order = torch.stack([tds[s].order for s in seeds])                           # (K, steps, B)
-        self.sm = StackedModel(self.models)
-        self.opt = StackedAdamW(self.sm, cfgs)
+        if cfg.optimizer == "muon":
+            self.sm = StackedModel(self.models, first=[n for n, _ in split_params(self.models[0])[0]])
+            self.opt = StackedMuon(self.sm, cfgs)
+        else:
+            self.sm = StackedModel(self.models)
+            self.opt = StackedAdamW(self.sm, cfgs)
         self.idx = torch.zeros(1, dtype=torch.long, device=dev)                           # the step counter
         self.loss_sum = torch.zeros(K, device=dev)
         self.loss_n = torch.zeros((), device=dev)

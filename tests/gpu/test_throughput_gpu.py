@@ -114,3 +114,23 @@ def test_failed_capture_leaves_the_device_usable():
     g.replay()
     torch.cuda.synchronize()
     assert bool(((y > 0) & (y < 1)).all())
+
+
+@pytest.mark.parametrize("mixer", ["softmax", "parallax"])
+def test_stacked_graphed_muon_matches_separate_runs(mixer):
+    """optimizer=muon, stacked+graphed K=4 (StackedMuon) against 4 separate eager runs (torch.optim.Muon)."""
+    from mixzoo.train import train
+    from mixzoo.train.stacked import train_stacked
+    task, mcfg, data, cfg, TrainConfig = _setup()
+    cfgs = [TrainConfig(**{**cfg, "lr": lr, "optimizer": "muon"}, step_mode="stacked+graphed")
+            for lr in (1e-3, 2e-3, 3e-3, 5e-3)]
+    stacked = train_stacked(task, mixer, {}, mcfg, cfgs, [0, 1, 2, 3], device="cuda", data=data)
+    assert [r.step_mode for r in stacked] == ["stacked+graphed"] * 4, stacked[0].step_mode_reason
+    rel = 0.0
+    for s, (c, r) in enumerate(zip(cfgs, stacked)):
+        alone = train(task, mixer, {}, mcfg, TrainConfig(**{**cfg, "lr": c.lr, "optimizer": "muon"}), seed=s,
+                      device="cuda", data=data)
+        assert r.state == alone.state == "COMPLETE"
+        rel = max(rel, _rel(alone.history, r.history))
+    _record(f"stacked+graphed-muon-K4-vs-separate[{mixer}]", rel)
+    assert rel < RTOL
