@@ -179,6 +179,16 @@ def test_mad_projection_from_a_rates_file(tmp_path, capsys):
     assert math.isfinite(project_mad(f, variant="settings")["hours"]["softmax"]["eager"])
 
 
+def test_layer_bytes_counts_a_layer_on_the_cpu():
+    spec = importlib.util.spec_from_file_location("layer_bytes", ROOT / "benchmarks" / "layer_bytes.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    backend, by, calls, outs = mod.count("mamba", batch=2)
+    assert backend == "torch-chunk" and sum(by.values()) > 0 and calls["bmm"] > 0
+    assert not set(by) & mod.VIEWS                      # views write nothing and are not counted
+    assert sum(n for n, *_ in outs) == sum(by.values())
+
+
 def test_profile_step_runs_on_the_cpu(tmp_path):
     spec = importlib.util.spec_from_file_location("profile_step", ROOT / "benchmarks" / "profile_step.py")
     mod = importlib.util.module_from_spec(spec)
