@@ -55,11 +55,14 @@ def capture(fn: Callable[[], None], dev: torch.device) -> torch.cuda.CUDAGraph:
         return g
     except Exception:
         torch.cuda.set_stream(stream)
-        torch.cuda.synchronize(dev)
-        heal = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(heal):
-            torch.zeros(1, device=dev).add_(1)
-        del heal
+        try:                      # the capture's own error is the one to raise, whatever this does
+            torch.cuda.synchronize(dev)
+            heal = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(heal):
+                torch.zeros(1, device=dev).add_(1)
+            del heal
+        except Exception:
+            pass
         raise
 
 
