@@ -172,6 +172,8 @@ def test_mad_projection_from_a_rates_file(tmp_path, capsys):
     assert p["total_best"] == pytest.approx(work / 3600 * (1 / 1200 + 1 / 600))
     text = projection_table(p)
     assert "| softmax |" in text and "| all |" in text and "fastest" in text
+    assert p["over_stacked"] == ["stacked+graphed K=8 x 4 procs"] and "Note: stacked+graphed K=8 x 4 procs" in text
+    assert project_mad(_synthetic_rates(), trials=8)["over_stacked"] == []
     f = tmp_path / "rates.json"
     f.write_text(json.dumps(_synthetic_rates()))
     assert main(["bench", "throughput", "--project", str(f), "--md", str(tmp_path / "p.md")]) == 0

@@ -478,20 +478,27 @@ def project_mad(rates: dict | str | Path, shape: str = "mad", variant: str = "re
         rates = json.loads(Path(rates).read_text())
     work = mad_protocol(variant, **kw)
     table: dict[str, dict[str, float]] = {}
+    stacks: dict[str, tuple[int, int]] = {}          # cell -> (K, P)
     for r in rates["rows"]:
         rate = r.get("model_steps_per_s")
         if r.get("shape") != shape or r.get("state") != "COMPLETE" or not rate or not math.isfinite(rate):
             continue
         if r.get("ran", r["mode"]) != r["mode"]:          # a fallback measured another mode than its label
             continue
-        table.setdefault(r["mixer"], {})[cell_label(r["mode"], r["K"], r["P"])] = work / rate / 3600
+        cell = cell_label(r["mode"], r["K"], r["P"])
+        table.setdefault(r["mixer"], {})[cell] = work / rate / 3600
+        stacks[cell] = (r["K"], r["P"])
     cells = list(dict.fromkeys(c for t in table.values() for c in t))
     best = {m: min(t.values()) for m, t in table.items()}
     best_cell = {m: min(t, key=t.get) for m, t in table.items()}
     total = {c: sum(t[c] for t in table.values()) if all(c in t for t in table.values()) else float("nan")
              for c in cells}
+    # a sweep's worker stacks the trials of one study at a time: MAD's 6 (and then its 3 seeds)
+    trials = kw.get("trials", 6)
+    over = sorted({c for c in best_cell.values() if stacks[c][0] > trials})
     return dict(variant=variant, work_baseline_steps=work, shape=shape, cells=cells, hours=table, best=best,
-                best_cell=best_cell, total=total, total_best=sum(best.values()), device=rates.get("device"))
+                best_cell=best_cell, total=total, total_best=sum(best.values()), device=rates.get("device"),
+                over_stacked=over, trials=trials)
 
 
 def projection_table(p: dict) -> str:
@@ -505,6 +512,11 @@ def projection_table(p: dict) -> str:
     for m, t in p["hours"].items():
         out.append(f"| {m} | " + " | ".join(fmt(t.get(c)) for c in cells) + f" | {fmt(p['best'][m])} ({p['best_cell'][m]}) |")
     out.append("| all | " + " | ".join(fmt(p["total"][c]) for c in cells) + f" | {fmt(p['total_best'])} |")
+    for c in p.get("over_stacked", []):
+        out.append(f"\nNote: {c} stacks more models per process than a sweep's worker does here (it stacks the "
+                   f"{p['trials']} trials, then the seeds, of one study at a time); that rate is reached only "
+                   f"with several workers per GPU adding up to it (measure a `--pack stacked+graphed:"
+                   f"{p['trials']}` cell with --procs).")
     return "\n".join(out)
 
 
