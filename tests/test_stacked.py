@@ -48,15 +48,17 @@ def _close(a: float, b: float, rel: float = 1e-5) -> bool:
 LOSS_RTOL = {"hyena": 3e-4}
 
 
-@pytest.mark.parametrize("mixer", ["softmax", "gdn", "parallax", "mesa", "gla", "mamba", "hyena"])
-def test_stacked_runs_match_separate_runs(mixer):
+# mamba with chunks of 4: Mamba-2's shared-B/C chunk form with several chunks (its folded state products)
+@pytest.mark.parametrize("mixer,knobs", [(m, {}) for m in ("softmax", "gdn", "parallax", "mesa", "gla", "mamba", "hyena")]
+                         + [("mamba", {"chunk_size": 4})])
+def test_stacked_runs_match_separate_runs(mixer, knobs):
     rel = LOSS_RTOL.get(mixer, 1e-5)
     cfgs = [TrainConfig(lr=lr, weight_decay=wd, **BASE) for lr, wd in HP]
     solo = []
     for c, s in zip(cfgs, SEEDS):
         g = _grab()
-        solo.append((train(TASK, mixer, {}, MCFG, c, seed=s, device="cpu", callbacks=[g]), g.sd))
-    stacked = train_stacked(TASK, mixer, {}, MCFG, cfgs, SEEDS, device="cpu", keep_weights=True)
+        solo.append((train(TASK, mixer, knobs, MCFG, c, seed=s, device="cpu", callbacks=[g]), g.sd))
+    stacked = train_stacked(TASK, mixer, knobs, MCFG, cfgs, SEEDS, device="cpu", keep_weights=True)
     assert [r.step_mode for r in stacked] == ["stacked"] * 3
     for (r, sd), q, (lr, _) in zip(solo, stacked, HP):
         assert q.state == r.state == "COMPLETE" and q.steps == r.steps == BASE["steps"]
