@@ -187,6 +187,20 @@ def test_one_run_stopping_leaves_the_others_alone():
     assert _close(alone.test["loss"], res[2].test["loss"])
 
 
+def test_an_interrupt_from_one_run_s_on_eval_stops_them_all():
+    """Ctrl-C or SIGTERM raised in run 1's on_eval (a signal landing in a journal append there) is
+    not run 1's own stop: it reaches the caller, who gives every run of the batch back."""
+    cfgs = [TrainConfig(lr=lr, weight_decay=wd, **BASE) for lr, wd in HP]
+    seen = []
+
+    def hook(step, val):
+        seen.append(step)
+        raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        train_stacked(TASK, "softmax", {}, MCFG, cfgs, SEEDS, device="cpu", on_eval=[None, hook, None])
+    assert seen == [4]
+
+
 def test_configurations_must_differ_only_in_seed_lr_weight_decay():
     a = TrainConfig(**BASE)
     with pytest.raises(UsageError, match="differ in batch_size"):

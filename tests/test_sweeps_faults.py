@@ -292,6 +292,55 @@ def test_an_interrupt_waits_for_the_journal_append_under_way(tmp_path):
     assert done and sound(path) and not Path(str(path) + ".lock").exists()
 
 
+SWALLOWS_SIGTERM = '''
+import os, signal
+
+from torch import nn
+
+from mixzoo.registry import register_mixer
+
+SENT = []
+
+
+@register_mixer("swallower", search_space={"lr": ("log", 1e-3, 1e-2)})
+class Swallower(nn.Module):
+    """A linear mixer whose first forward sends this process SIGTERM and swallows what the handler
+    raises, as code that clears every error does (torch's C++ import of NumPy, for one)."""
+
+    def __init__(self, d_model, *, num_heads=1, layer_idx=0):
+        super().__init__()
+        self.proj = nn.Linear(d_model, d_model)
+
+    def forward(self, x):
+        if not SENT:
+            SENT.append(1)
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                sum(range(1000))        # the handler runs here, between bytecodes
+            except BaseException:
+                pass
+        return self.proj(x)
+'''
+
+
+def test_a_swallowed_sigterm_still_stops_the_worker_at_its_next_validation(tmp_path, capsys):
+    """The SIGTERM's exception is lost in the code it landed in: the worker still stops at its next
+    validation, gives the trial back and exits 143, rather than training the sweep to its end."""
+    plugin = tmp_path / "swallower.py"
+    plugin.write_text(SWALLOWS_SIGTERM)
+    spec = tmp_path / "sw.toml"
+    write_spec(spec, name="t-swallow", models=["swallower"], trials=2, seeds=1, extra='[pruner]\nkind = "none"\n')
+    res = tmp_path / "res"
+    rc = main(["--results", str(res), "--plugin", str(plugin), "--device", "cpu", "sweep", str(spec)])
+    err = capsys.readouterr().err
+    assert rc == 143, err
+    assert "terminated (SIGTERM); rerun the same command to resume" in err
+    every = [x for ts in studies(journal(res)).values() for x in ts]
+    assert [x.user_attrs.get("reason") for x in every if x.state.name == "FAIL"] == ["interrupted (SIGTERM); retried"]
+    assert sorted(x.state.name for x in every) == ["FAIL", "WAITING", "WAITING"]   # given back, and slot 1 untouched
+    assert not (res / "leaderboard").exists() or rows(res) == []
+
+
 def test_sigterm_gives_trials_back_and_exits_143(tmp_path, capsys):
     spec = spec_file(tmp_path / "term.toml", "t-term", trials=2, seeds=2, steps=200)
     res = tmp_path / "res"
@@ -321,3 +370,40 @@ def test_sigterm_gives_trials_back_and_exits_143(tmp_path, capsys):
     assert rc == 0, out + err
     check_complete(studies(journal(res)), rows(res), trials=2, seeds=2)
     assert len(rows(res)) == 2 and n_rows <= 2
+
+
+def test_an_interrupt_landing_in_the_claim_gives_the_trial_won_back(tmp_path):
+    """SIGTERM arriving while the RUNNING record of a claim is appended (so raised as the append
+    ends, before the claim returns): the trial just won is still given back, not left RUNNING."""
+    from types import SimpleNamespace
+
+    import optuna
+    from optuna.storages.journal import JournalFileBackend, JournalStorage
+
+    from mixzoo.sweeps import storage as st
+    s = JournalStorage(JournalFileBackend(str(tmp_path / "j.log")))
+    optuna.create_study(storage=s, study_name="claim")
+    sid = s.get_study_id_from_name("claim")
+    engine.ensure_slots(s, sid, [{"slot": 0, "kind": "search"}, {"slot": 1, "kind": "search"}])
+
+    class Signalled:
+        """The storage, with a SIGTERM delivered during the append that moves a trial to RUNNING."""
+        def __getattr__(self, name):
+            return getattr(s, name)
+
+        def set_trial_state_values(self, trial_id, state, values=None):
+            with st.uninterrupted():       # what the journal file's append holds around its write
+                ok = s.set_trial_state_values(trial_id, state=state, values=values)
+                if state.name == "RUNNING":
+                    st.interrupt(engine.Terminated())
+            return ok
+    ctx = SimpleNamespace(storage=Signalled(), log=lambda msg: None)
+    got: list = []
+    with pytest.raises(engine.Terminated):
+        with engine.given_back_on_interrupt(ctx, sid, got):
+            engine.claim_many(ctx.storage, s.get_all_trials(sid), 2, into=got)
+    st.clear_interrupt()
+    trials = s.get_all_trials(sid)
+    assert [t.number for t in got] == [0]
+    assert not [t for t in trials if t.state.name == "RUNNING"]
+    assert [(t.user_attrs.get("retry_of"), t.state.name) for t in trials if "retry_of" in t.user_attrs] == [(0, "WAITING")]

@@ -178,6 +178,7 @@ def run(fig: Figure, scale: str, seeds: list[int], results, device: str | None, 
 
     from ..sweeps.engine import Terminated, existing_rows
     from ..sweeps.run import interrupts_raise
+    from ..sweeps.storage import raise_if_interrupted
     from ..tasks.ttr import TTR
     sc = fig.scale(scale)
     models = fig.models_at(scale)
@@ -193,6 +194,7 @@ def run(fig: Figure, scale: str, seeds: list[int], results, device: str | None, 
                 for seed in seeds:
                     if seed in have:
                         continue
+                    raise_if_interrupted()     # one the code it landed in swallowed
                     log(f"{fig.name} [{scale}] ttr {setting} seed {seed}: {sc.sequences} test sequences on {dev}")
                     t0 = time.perf_counter()
                     res = evaluate(task, models, seed, sc.sequences, sc.tune_sequences, dev, log=log)

@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from .spec import Unit
-from .storage import StorageError
+from .storage import StorageError, raise_if_interrupted, uninterrupted
 
 HEARTBEAT_S = float(os.environ.get("MIXZOO_SWEEP_HEARTBEAT", "10"))
 GRACE_S = float(os.environ.get("MIXZOO_SWEEP_GRACE", "120"))
@@ -241,11 +241,12 @@ def reap(storage, sid: int, trials, grace: float, log: Callable[[str], None]) ->
 
 
 @contextlib.contextmanager
-def given_back_on_interrupt(ctx, sid: int, *ts):
-    """Run the claimed trials ``ts`` (one, or a stacked batch); on Ctrl-C or SIGTERM, give each back
-    (retired and re-enqueued, as a reaper would) before the interrupt goes on, so a rerun from any
-    host runs it at once instead of waiting for the grace period. Best effort: a trial left RUNNING
-    is reaped."""
+def given_back_on_interrupt(ctx, sid: int, ts: list):
+    """Inside: claim into the list ``ts`` and run what was claimed (one trial, or a stacked batch).
+    On Ctrl-C or SIGTERM each trial ``ts`` holds by then, one won just before included, is given
+    back (retired and re-enqueued, as a reaper would) before the interrupt goes on, so a rerun from
+    any host runs it at once instead of waiting for the grace period. Best effort: a trial left
+    RUNNING is reaped."""
     try:
         yield
     except KeyboardInterrupt as e:
@@ -264,9 +265,11 @@ def claim(storage, trials) -> Any | None:
     return got[0] if got else None
 
 
-def claim_many(storage, trials, n: int) -> list[Any]:
+def claim_many(storage, trials, n: int, into: list[Any] | None = None) -> list[Any]:
     """Move up to ``n`` canonical WAITING trials to RUNNING, lowest slots first, each claimed (and
-    owned) on its own as :func:`claim` does: the trials won, possibly fewer than ``n`` or none."""
+    owned) on its own as :func:`claim` does: the trials won, possibly fewer than ``n`` or none.
+    ``into``: a list each trial joins the moment it is won, so that an interrupt landing between two
+    journal appends of the claim still finds it (:func:`given_back_on_interrupt`)."""
     from optuna.exceptions import UpdateFinishedTrialError
     TS = _states()
     slots, dups = canonical(trials)
@@ -277,7 +280,7 @@ def claim_many(storage, trials, n: int) -> list[Any]:
                     storage.set_trial_user_attr(t._trial_id, "duplicate", True)
                     storage.set_trial_user_attr(t._trial_id, "reason", "duplicate slot; not run")
                     storage.set_trial_state_values(t._trial_id, state=TS.FAIL)
-    won: list[Any] = []
+    won: list[Any] = [] if into is None else into
     for slot in sorted(slots):
         if len(won) >= n:
             break
@@ -285,10 +288,13 @@ def claim_many(storage, trials, n: int) -> list[Any]:
         if t.state != TS.WAITING:
             continue
         try:
-            if storage.set_trial_state_values(t._trial_id, state=TS.RUNNING):
+            with uninterrupted():   # the trial won is listed before an interrupt can come
+                ok = storage.set_trial_state_values(t._trial_id, state=TS.RUNNING)
+                if ok:
+                    won.append(t)
+            if ok:
                 storage.set_trial_user_attr(t._trial_id, "owner", owner_token())
                 storage.set_trial_user_attr(t._trial_id, "heartbeat", time.time())
-                won.append(t)
         except (UpdateFinishedTrialError, RuntimeError):
             continue
     return won
@@ -431,13 +437,14 @@ def step(ctx: Context, units: list[Unit]) -> str:
             continue
         ctx.missing.pop(u.study, None)
         if not all(t.state.is_finished() for t in slots.values()):
-            got = claim_many(ctx.storage, trials, stack_size(ctx, u, "search"))
+            got: list[Any] = []
+            with given_back_on_interrupt(ctx, sid, got):
+                claim_many(ctx.storage, trials, stack_size(ctx, u, "search"), into=got)
+                if len(got) == 1:
+                    run_search_trial(ctx, u, got[0])
+                elif got:
+                    run_search_batch(ctx, u, got)
             if got:
-                with given_back_on_interrupt(ctx, sid, *got):
-                    if len(got) == 1:
-                        run_search_trial(ctx, u, got[0])
-                    else:
-                        run_search_batch(ctx, u, got)
                 return "worked"
             waiting = True
             continue
@@ -454,13 +461,14 @@ def step(ctx: Context, units: list[Unit]) -> str:
             continue
         if all(t.state.is_finished() for t in fslots.values()):
             continue
-        got = claim_many(ctx.storage, ftrials, stack_size(ctx, u, "final", best.params))
+        got = []
+        with given_back_on_interrupt(ctx, fid, got):
+            claim_many(ctx.storage, ftrials, stack_size(ctx, u, "final", best.params), into=got)
+            if len(got) == 1:
+                run_final(ctx, u, fid, got[0])
+            elif got:
+                run_final_batch(ctx, u, fid, got)
         if got:
-            with given_back_on_interrupt(ctx, fid, *got):
-                if len(got) == 1:
-                    run_final(ctx, u, fid, got[0])
-                else:
-                    run_final_batch(ctx, u, fid, got)
             return "worked"
         waiting = True
     return "wait" if waiting else "done"
@@ -470,6 +478,7 @@ def work(ctx: Context, units: list[Unit], stop: Callable[[], bool] = lambda: Fal
     """A worker: claim and run trials and final seeds until nothing is left."""
     errors = 0
     while not stop():
+        raise_if_interrupted()     # one a library swallowed: stop before claiming more
         try:
             r = step(ctx, units)
             errors = 0
@@ -510,6 +519,7 @@ def pruning_hook(trial, metric: str):
     import optuna
 
     def on_eval(step: int, val: dict[str, float]) -> None:
+        raise_if_interrupted()
         v = val.get(metric)
         if v is None or not math.isfinite(v):
             return  # the trainer itself fails the run on a non-finite value
@@ -517,6 +527,11 @@ def pruning_hook(trial, metric: str):
         if trial.should_prune():
             raise optuna.TrialPruned(f"pruned at step {step}: validation {metric} {v:.4g}")
     return on_eval
+
+
+def interrupt_hook(step: int, val: dict[str, float]) -> None:
+    """``on_eval`` for a final run: stop at a validation should an interrupt have been swallowed."""
+    raise_if_interrupted()
 
 
 def run_search_trial(ctx: Context, u: Unit, frozen) -> None:
@@ -801,7 +816,8 @@ def run_final(ctx: Context, u: Unit, fid: int, frozen) -> None:
             ctx.trainer_log(f"start final {tag}: {json.dumps(hp, default=str)}")
             spec = as_run_here(ctx, u, u.run_spec().with_hparams(hp, label=f"best trial {best}:"))
             rows = api.run_spec(spec, seeds=(seed,), results=None, device=ctx.device, study=u.study, trial=best,
-                                command=ctx.command, log=ctx.trainer_log, search_space=u.space)
+                                command=ctx.command, log=ctx.trainer_log, search_space=u.space,
+                                on_eval=interrupt_hook)
         except StorageError:
             raise
         except Exception as e:
@@ -872,11 +888,13 @@ def run_final_batch(ctx: Context, u: Unit, fid: int, frozens: list) -> None:
             spec = as_run_here(ctx, u, u.run_spec().with_hparams(hp, label=f"best trial {best}:"))
             if len(todo) == 1:
                 rows = api.run_spec(spec, seeds=seeds, results=None, device=ctx.device, study=u.study, trial=best,
-                                    command=ctx.command, log=ctx.trainer_log, search_space=u.space)
+                                    command=ctx.command, log=ctx.trainer_log, search_space=u.space,
+                                    on_eval=interrupt_hook)
             else:
                 rows, _ = api.run_stacked([spec] * len(todo), seeds=seeds, device=ctx.device, study=u.study,
                                           trials=[best] * len(todo), command=ctx.command, log=ctx.trainer_log,
-                                          mode=_stacked_mode(ctx, u), search_space=u.space)
+                                          mode=_stacked_mode(ctx, u), search_space=u.space,
+                                          on_eval=[interrupt_hook] * len(todo))
         except StorageError:
             raise
         except Exception as e:

@@ -25,7 +25,18 @@ from typing import Any
 from ..errors import UsageError
 from . import engine
 from .spec import Spec, Unit, budgets_of, builtin_names, load, merge, read_raw
-from .storage import EXIT_STORAGE, StorageError, check_parallel, interrupt, mask, open_storage, resolve, retry_window, scrub
+from .storage import (
+    EXIT_STORAGE,
+    StorageError,
+    check_parallel,
+    clear_interrupt,
+    interrupt,
+    mask,
+    open_storage,
+    resolve,
+    retry_window,
+    scrub,
+)
 
 
 def load_spec(spec: str, preset: str | None = None, **kw) -> Spec:
@@ -110,7 +121,8 @@ class Logs:
 def interrupts_raise():
     """While inside: SIGTERM raises :class:`engine.Terminated` where the main thread is (once: a
     repeat while stopping is ignored), as Ctrl-C raises KeyboardInterrupt; either waits for a
-    journal append under way to finish (:func:`storage.uninterrupted`)."""
+    journal append under way to finish (:func:`storage.uninterrupted`), and is raised again at the
+    worker's safe points should the code it landed in swallow it (:func:`storage.raise_if_interrupted`)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -123,6 +135,7 @@ def interrupts_raise():
 
     def on_sigint(signum, frame):
         interrupt(KeyboardInterrupt())
+    clear_interrupt()
     old = {signal.SIGTERM: signal.signal(signal.SIGTERM, on_sigterm)}
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         old[signal.SIGINT] = signal.signal(signal.SIGINT, on_sigint)
@@ -131,6 +144,7 @@ def interrupts_raise():
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
+        clear_interrupt()
 
 
 def _stopped(e: BaseException) -> tuple[str, int]:

@@ -169,6 +169,7 @@ def _why(e: BaseException, url: str | None) -> str:
 # ---------------------------------------------------------------------------- interrupts
 _held = 0                               # main thread: depth of the sections an interrupt must not cut
 _pending: BaseException | None = None   # the interrupt that arrived meanwhile
+_requested: type[BaseException] | None = None   # the interrupt a signal asked for, kept until cleared
 
 
 @contextlib.contextmanager
@@ -192,12 +193,29 @@ def uninterrupted():
 
 def interrupt(exc: BaseException) -> None:
     """What a signal handler calls: raise ``exc`` now, or when the :func:`uninterrupted` section
-    under way ends."""
-    global _pending
+    under way ends. It is also kept for :func:`raise_if_interrupted`."""
+    global _pending, _requested
+    _requested = _requested or type(exc)
     if _held:
         _pending = _pending or exc
         return
     raise exc
+
+
+def raise_if_interrupted() -> None:
+    """Raise (again) the interrupt a signal asked for, if one did. An exception raised from a signal
+    handler goes wherever the main thread is, and code there may swallow it: torch's C++ import of
+    NumPy clears any error, so a SIGTERM landing in that import, at a worker's first trial, was lost
+    and the worker trained on. The sweep's worker calls this at its safe points (before it claims,
+    at each validation), so such an interrupt still stops it, at the next one."""
+    if _requested is not None and not _held:
+        raise _requested()
+
+
+def clear_interrupt() -> None:
+    """Forget an interrupt asked for (a command starting, or done with it, in this process)."""
+    global _pending, _requested
+    _pending = _requested = None
 
 
 # ---------------------------------------------------------------------------- journal file

@@ -274,7 +274,8 @@ def train_stacked(task: Task, mixer: str, knobs: dict[str, Any] | None = None,
 
     ``data``: one set of splits for every run (else each seed's own, as loop.train generates them).
     ``on_eval[k](step, val)`` is called after each of run k's validations; what it raises stops run k
-    only, and is kept in ``results[k].hook_error`` (the caller decides: e.g. a pruned trial).
+    only, and is kept in ``results[k].hook_error`` (the caller decides: e.g. a pruned trial); a
+    KeyboardInterrupt (Ctrl-C, SIGTERM) stops them all and is raised.
     ``graphed``: capture the step in a CUDA graph (default: where cfgs[0].step_mode asks for it and the
     device is CUDA). Each result says which step mode ran (``step_mode``) and why, where it is not the
     one asked for (``step_mode_reason``). ``keep_weights``: also keep each model's weights after its

@@ -127,7 +127,8 @@ class Book:
     def validate(self, model, data: dict[str, Batch], step: int, train_loss: float, elapsed: float) -> None:
         """One validation after global step ``step``; ``model`` holds this run's weights. Sets
         ``active`` False on divergence (the run FAILs), early stop, or an exception from ``on_eval``
-        (kept in ``hook_error``; the caller decides whether to raise it)."""
+        (kept in ``hook_error``; the caller decides whether to raise it). A KeyboardInterrupt from
+        ``on_eval`` (Ctrl-C, SIGTERM) is raised: it stops every run of a stacked batch."""
         cfg, res, primary = self.cfg, self.res, self.task.primary
         self.elapsed = elapsed
         val = evaluate(model, self.task, data["val"], cfg.eval_batch_size, self.precision)
@@ -156,6 +157,8 @@ class Book:
         if self.on_eval is not None:
             try:
                 self.on_eval(step, val)
+            except KeyboardInterrupt:
+                raise                       # Ctrl-C or SIGTERM stops every run, not this one alone
             except BaseException as e:      # noqa: BLE001 - handed to the caller
                 self.hook_error = e
                 self.active = False
