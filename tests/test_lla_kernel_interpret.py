@@ -97,3 +97,56 @@ def test_captured_divergent_step():
     assert max(r["max"]) < 1e-5, r
     for name, err in zip(("dq", "dk", "dv"), r["rel"]):
         assert err < 2e-2, (name, err, r)
+
+
+STACKED = r"""
+import json, sys
+sys.path.insert(0, {bench!r}); sys.path.insert(0, {root!r})
+import lla_small_ridge as L
+import torch
+L.emulate_gpu_numerics()
+from mixzoo.registry import build_mixer, load_builtins
+from mixzoo.train.stacked import StackedModel
+from mixzoo.train.vmapfold import folding
+load_builtins()
+out = {{}}
+for learn in (False, True):
+    layers = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        layers.append(build_mixer("lla", 16, num_heads=2, backend="triton", ridge=0.5, learn_ridge=learn))
+    xs = torch.randn(2, 2, 24, 16, generator=torch.Generator().manual_seed(2))
+    sm = StackedModel(layers)
+    with folding():
+        ys = sm.forward(xs)
+    ys.square().sum().backward()
+    rel = lambda a, b: float((a - b).norm() / b.norm().clamp_min(1e-30))
+    errs = {{}}
+    for k, m in enumerate(layers):
+        y = m(xs[k])
+        y.square().sum().backward()
+        errs[f"y{{k}}"] = rel(ys[k].detach(), y.detach())
+        for n, p in m.named_parameters():
+            if p.grad is not None:
+                errs[f"{{n}}{{k}}"] = rel(sm.params[n].grad[k], p.grad)
+    out[str(learn)] = {{"errs": errs, "backend": layers[0].backend, "level": layers[0]._level}}
+print("RESULT", json.dumps(out))
+"""
+
+
+def test_stacked_layers_run_the_kernel_once_for_all_models():
+    """K = 2 LLA layers stacked under vmap (as stacked training runs them) on the Triton kernel: the
+    kernel is folded (one call for both models) and the precision level is taken over both models'
+    ridges, fixed or learned; each model's output and gradients are those of the layer run alone.
+    On the H200 such a step failed ("Cannot access data pointer of Tensor that doesn't have
+    storage": the ridge's data pointer read through vmap's wrapper) and stacked LLA fell back to eager."""
+    code = STACKED.format(bench=str(ROOT / "benchmarks"), root=str(ROOT))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads([x for x in p.stdout.splitlines() if x.startswith("RESULT ")][-1][len("RESULT "):])
+    for learn, res in r.items():
+        assert res["backend"] == "triton", (learn, res)
+        assert len(res["errs"]) >= 6, res          # both outputs and the gradients of qkv, out (and the ridge)
+        for name, err in res["errs"].items():
+            assert err < 1e-5, (learn, name, err)   # the same kernel on the same sequences

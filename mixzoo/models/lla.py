@@ -10,11 +10,17 @@ conditioned systems, more careful arithmetic). Reading λ from the device every 
 the host, so the level is worked out without that: for a fixed ridge once per change of the stored
 value (tracked by the parameter's version counter), for a learned ridge from a copy of min λ taken
 asynchronously at the previous step and halved as a margin.
+
+Stacked training (``mixzoo.train.stacked``) runs K models' layers under ``torch.func.vmap``: the
+kernel is looked up through ``mixzoo.models._fla._op``, which ``mixzoo.train.vmapfold.folding``
+makes fold the K models into the kernel's batch, and the precision level is taken over the K
+models' ridges together (the stacked tensor under vmap's wrapper), so no step reads the device.
 """
 from __future__ import annotations
 
 import functools
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -40,13 +46,23 @@ def _precision_eager():
     return torch.compiler.disable(LocalLinearAttention.precision)
 
 
-def _fast_lla():
-    """The Triton kernel's entry point, or None where it is absent or cannot run."""
-    try:
-        from ..kernels.lla import triton_lla  # noqa: F401  (present once the kernel lands)
-    except Exception:
+def _fast_lla(x: torch.Tensor):
+    """The Triton kernel's entry point for inputs like ``x``, or None where it is absent or cannot
+    run (off CUDA, unless Triton's interpreter is on: ``TRITON_INTERPRET=1``, as the CPU tests
+    run it). Looked up through ``_fla._op`` (a cached import) so that stacked training folds it."""
+    if not (x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"):
         return None
-    return triton_lla.lla
+    from . import _fla
+    return _fla._op("mixzoo.kernels.lla.triton_lla", "lla")
+
+
+def _models_together(t: torch.Tensor) -> torch.Tensor:
+    """Under vmap (stacked training), the tensor of all K models that ``t`` is one model's view of;
+    else ``t``. For host-side bookkeeping over every model at once (no gradient flows through it)."""
+    from torch._C import _functorch as ft
+    while ft.is_batchedtensor(t):
+        t = ft.get_unwrapped(t)
+    return t
 
 
 @register_mixer("lla", core=lla_core, core_grid={"ridge": [1e-5, 1e-4, 1e-3, 1e-2, 1e-1], "scale": [8.0, 32.0, 128.0]},
@@ -84,18 +100,19 @@ class LocalLinearAttention(nn.Module):
     def precision(self, lam: torch.Tensor) -> int:
         """The kernel's precision level for ridge ``lam`` without a per-step device read."""
         from ..kernels.lla.triton_lla import precision_level
-        raw = self.ridge_raw
+        raw = _models_together(self.ridge_raw)
         if not raw.requires_grad:
             key = (raw._version, raw.data_ptr())
             if key != self._level_key:      # first call, or the stored ridge was overwritten
-                self._level_key, self._level = key, precision_level(float(lam.detach().min()))
+                low = F.softplus(raw.detach()).min()
+                self._level_key, self._level = key, precision_level(float(low))
             return self._level
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             # the level of a learned ridge is read on the host at every step: a CUDA graph would
             # keep the captured one (the graphed step mode falls back to eager on this error)
             raise RuntimeError("lla: a learned ridge picks the kernel's precision on the host each step; "
                                "such a step cannot be captured in a CUDA graph")
-        low = lam.detach().min().float()
+        low = _models_together(lam.detach()).min().float()
         if self._lam_host is None:          # first step: one read
             self._lam_host = torch.empty((), pin_memory=low.is_cuda)
             self._lam_host.copy_(low)
@@ -108,9 +125,10 @@ class LocalLinearAttention(nn.Module):
         if self.use_rope:
             q, k = rope(q), rope(k)
         lam = self.ridge()[None, :, None]                  # (1, H, 1) -> per head
-        fast = _fast_lla() if (x.is_cuda and self.requested != "torch") else None
+        fast = _fast_lla(x) if (self.requested == "triton" or (self.requested == "auto" and x.is_cuda)) else None
         if self.requested == "triton" and fast is None:
-            raise RuntimeError("lla: backend='triton' asked for but the kernel is unavailable")
+            raise RuntimeError("lla: backend='triton' asked for but the kernel is unavailable "
+                               "(it needs a CUDA device, or Triton's interpreter: TRITON_INTERPRET=1)")
         if fast is not None:
             self.backend = "triton"
             o = fast(q, k, v, ridge=lam.expand(x.shape[0], -1, x.shape[1]), prec=_precision_eager()(self, lam))

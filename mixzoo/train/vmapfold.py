@@ -27,9 +27,10 @@ op itself (no copy, no overhead beyond one check), so installing the wrappers ch
 ordinary training.
 
 ``folding()`` installs them for the duration of a block: on ``F.scaled_dot_product_attention`` and on
-every fla entry point mixzoo's mechanisms look up through ``mixzoo.models._fla`` (they call it on each
-forward). The long-term home of this is ``mixzoo/models/_fla.py`` itself (its ``_op`` returning
-``foldable(...)``); it lives here so that stacking needs no change to the models.
+every entry point mixzoo's mechanisms look up through ``mixzoo.models._fla._op`` (they call it on each
+forward: fla's ops, and LLA's Triton kernel). The long-term home of this is ``mixzoo/models/_fla.py``
+itself (its ``_op`` returning ``foldable(...)``); it lives here so that stacking needs no change to the
+models.
 """
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ SPECS: dict[str, FoldSpec] = {
     "scaled_dot_product_attention": FoldSpec(),
     "chunk_gated_delta_rule": FoldSpec(frozenset({"A_log", "dt_bias"})),   # if not rewritten (REWRITES)
     "chunk_mesa_net": FoldSpec(frozenset({"lamb"})),
+    "lla": FoldSpec(head_axis=1),           # mixzoo.kernels.lla.triton_lla.lla: (B, H, T, D)
 }
 
 

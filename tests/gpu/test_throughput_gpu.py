@@ -2,8 +2,7 @@
 against the eager Lightning run, and ``stacked`` / ``stacked+graphed`` (4 runs as one batched model)
 against 4 separate eager runs, over 20 steps at MAD's baseline shape (mad-recall, the mad recipe:
 width 128 in 16 heads, batch 128), for softmax and every mechanism whose stacked step runs as such
-(LLA's Triton kernel and Mamba-1's selective scan fall back to one model at a time, a fallback the
-trainer names).
+(Mamba-1's selective scan falls back to one model at a time, a fallback the trainer names).
 
 bf16 autocast: the graphed step runs the same kernels as the eager one (AdamW capturable rather
 than not), the stacked one batched GEMMs and kernels over K x B sequences, so the numbers agree up
@@ -48,7 +47,7 @@ def _record(name: str, rel: float) -> None:
             f.write(json.dumps({"test": name, "max_rel_train_loss": rel}) + "\n")
 
 
-MIXERS = ["softmax", "gdn", "parallax", "mesa", "gla", "mamba", "hyena"]
+MIXERS = ["softmax", "gdn", "parallax", "mesa", "gla", "mamba", "hyena", "lla"]
 
 
 # optimizer=muon: the graphed step runs GraphMuon (tensor learning rates), the eager one torch.optim.Muon
