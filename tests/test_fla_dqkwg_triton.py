@@ -95,3 +95,32 @@ def test_routing_on_a_machine_without_cuda(monkeypatch):
     a = f.chunk_bwd_dqkwg_any(q, k, v, do, h, dh, g=g, chunk_size=BT)
     b = f.chunk_bwd_dqkwg_torch(q, k, v, do, h, dh, g=g, chunk_size=BT)
     assert all((x is None and y is None) or torch.equal(x, y) for x, y in zip(a, b))
+
+
+UNDER_VMAP = r"""
+import json, sys
+sys.path.insert(0, {bench!r}); sys.path.insert(0, {root!r})
+import lla_small_ridge as L
+import torch
+L.emulate_gpu_numerics()
+from mixzoo.kernels import fla_dqkwg_triton as tri
+seen = []
+def layer(x):                       # a layer's forward asks for the check, as gdn's does, under vmap
+    seen.append(tri.usable(16, 16, 64))
+    return x * 2
+torch.func.vmap(layer, randomness="error")(torch.randn(2, 3))
+print("RESULT", json.dumps({{"under_vmap": seen, "after": tri.usable(16, 16, 64)}}))
+"""
+
+
+def test_the_self_check_answers_the_same_under_vmap():
+    """Stacked training runs a layer's forward, where the check is asked for, under torch.func.vmap;
+    there its random inputs were refused, the check answered False and that answer was kept, so a
+    fresh stacked worker on the H200 ran gdn's backward on the PyTorch step (the packed stacked cells
+    of bench throughput: fla-chunk+torch-dqkwg)."""
+    code = UNDER_VMAP.format(bench=str(ROOT / "benchmarks"), root=str(ROOT))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads([x for x in p.stdout.splitlines() if x.startswith("RESULT ")][-1][len("RESULT "):])
+    assert r == {"under_vmap": [True], "after": True}, r

@@ -14,7 +14,6 @@ key heads, state as (K, V)); any other call goes to the stand-in. Imported only 
 """
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -112,12 +111,32 @@ def chunk_bwd_dqkwg_triton(q, k, v, do, h, dh, w=None, g=None, dv=None, scale=No
     return dq, dk, dw, dg
 
 
-@functools.cache
+_CHECKED: dict[tuple[int, int, int, int], bool] = {}
+
+
 def usable(K: int = 16, V: int = 32, BT: int = 64, device_index: int = 0) -> bool:
     """Whether the kernel matches the PyTorch stand-in on this device at these head and chunk
     sizes (checked once per (K, V, BT, device): bf16, a partial last chunk, with w). The stand-in is
     the reference it replaces: fla's own Triton version of this step is miscompiled on Hopper with
-    some Triton versions, so this one is trusted only where it has been compared."""
+    some Triton versions, so this one is trusted only where it has been compared.
+
+    The check is asked for from a layer's forward, which stacked training runs under
+    ``torch.func.vmap``: there it runs with functorch's transforms switched off (under vmap its random
+    inputs are refused and it used to answer False for the rest of the process, so a fresh stacked
+    worker on an H200 ran gdn's backward on the PyTorch step). Inside a CUDA graph capture it cannot
+    run (it reads the device): the answer there is False for that call only, not remembered."""
+    key = (K, V, BT, device_index)
+    if key in _CHECKED:
+        return _CHECKED[key]
+    if not _interpreting() and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return False
+    with torch._C._DisableFuncTorch():
+        ok = _matches_here(K, V, BT, device_index)
+    _CHECKED[key] = ok
+    return ok
+
+
+def _matches_here(K: int, V: int, BT: int, device_index: int) -> bool:
     from .fla_dqkwg import chunk_bwd_dqkwg_torch
     try:
         dev = torch.device("cuda", device_index) if not _interpreting() else torch.device("cpu")
