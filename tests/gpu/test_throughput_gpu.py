@@ -119,3 +119,36 @@ def test_stacked_graphed_muon_matches_separate_runs(mixer):
         rel = max(rel, _rel(alone.history, r.history))
     _record(f"stacked+graphed-muon-K4-vs-separate[{mixer}]", rel)
     assert rel < RTOL
+
+
+FRESH_STACKED = r"""
+import json, sys
+sys.path.insert(0, {root!r})
+from mixzoo.models import RECIPES, ModelConfig
+from mixzoo.tasks.mad import MADRecall
+from mixzoo.train import TrainConfig
+from mixzoo.train.stacked import train_stacked
+task = MADRecall()
+data = {{s: task.generate(s, 256, 0, "cuda") for s in ("train", "val", "test")}}
+cfg = TrainConfig(steps=10, batch_size=64, eval_every=5, eval_batch_size=64, step_mode="stacked+graphed")
+rs = train_stacked(task, {mixer!r}, {{}}, ModelConfig(**RECIPES["mad"]), [cfg] * 2, [0, 1], device="cuda", data=data)
+print("RESULT", json.dumps([r.backend for r in rs] + [rs[0].step_mode]))
+"""
+
+
+@pytest.mark.parametrize("mixer", ["gdn", "lla"])
+def test_a_fresh_stacked_process_takes_the_fast_paths(mixer):
+    """A sweep's worker starts with a stacked step: its first forward runs under vmap. gdn's backward
+    must still take mixzoo's Triton dqkwg step there (its self-check once answered False under vmap for
+    the whole process) and LLA its Triton kernel, folded (it once fell back to eager)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = str(Path(__file__).resolve().parents[2])
+    p = subprocess.run([sys.executable, "-c", FRESH_STACKED.format(root=root, mixer=mixer)], capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads([x for x in p.stdout.splitlines() if x.startswith("RESULT ")][-1][len("RESULT "):])
+    from mixzoo.kernels.fla_dqkwg import triton_refused
+    want = {"gdn": "fla-chunk+triton-dqkwg" if triton_refused() else "fla-chunk", "lla": "triton"}[mixer]
+    assert r == [want, want, "stacked+graphed"], r
