@@ -41,9 +41,13 @@ pack() {
   fi
 }
 trap pack EXIT
+trap 'exit 143' TERM INT    # a call stopped at its limit still packs what its parts finished (EXIT runs pack)
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv | tee logs/nvidia-smi.txt
 T=${T:-540}
-END=${END:-$(( $(date +%s) + 575 ))}     # the call's end: parts that come late get what is left
+# the call's end: parts that come late get what is left. Set it once for a call that runs this script
+# several times, and below the call's own limit (600 s): a part still running at that limit is killed
+# with everything it has not packed.
+END=${END:-$(( $(date +%s) + 575 ))}
 left() { echo $(( END - $(date +%s) - 15 )); }
 pids=()
 for part in "$@"; do
