@@ -14,6 +14,7 @@ key heads, state as (K, V)); any other call goes to the stand-in. Imported only 
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -130,7 +131,11 @@ def usable(K: int = 16, V: int = 32, BT: int = 64, device_index: int = 0) -> boo
         return _CHECKED[key]
     if not _interpreting() and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         return False
-    with torch._C._DisableFuncTorch():
+    try:
+        off = torch._C._DisableFuncTorch()          # functorch's transforms off for the check's own tensors
+    except AttributeError:                          # a torch without the guard: the check as it is
+        off = contextlib.nullcontext()
+    with off:
         ok = _matches_here(K, V, BT, device_index)
     _CHECKED[key] = ok
     return ok
