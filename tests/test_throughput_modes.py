@@ -201,3 +201,17 @@ def test_profile_step_runs_on_the_cpu(tmp_path):
     assert "softmax (sdpa), eager, shape tiny" in md and "stacked K=2" in md and "`aten::" in md
     res = json.loads((tmp_path / "profile_step.json").read_text())["results"]
     assert all(r["kind"] == "cpu" and r["ops_per_step"] > 0 and len(r["top"]) == 4 for r in res.values())
+
+
+def test_a_packed_cell_names_every_worker_s_backend():
+    """A packed cell's workers are separate processes; one that took another path (on the H200 a gdn
+    worker ran the PyTorch dqkwg step) must show in the row, not only the first worker's backend."""
+    from mixzoo.bench.throughput import packed_row
+    w = lambda b, t0: dict(backend=b, state="COMPLETE", ran="stacked+graphed", note="", model_steps_per_s=10.0,  # noqa: E731
+                           peak_mem_bytes=5, t_first=t0, t_last=t0 + 10)
+    same = packed_row({"P": 2}, [w("fla-chunk+triton-dqkwg", 0), w("fla-chunk+triton-dqkwg", 5)])
+    assert same["backend"] == "fla-chunk+triton-dqkwg" and same["note"] == ""
+    assert same["model_steps_per_s"] == 20.0 and same["peak_mem_bytes"] == 10 and same["overlap"] == 0.5
+    mixed = packed_row({"P": 2}, [w("fla-chunk+triton-dqkwg", 0), w("fla-chunk+torch-dqkwg", 0)])
+    assert mixed["backend"] == "fla-chunk+torch-dqkwg|fla-chunk+triton-dqkwg"
+    assert "workers ran different backends" in mixed["note"]

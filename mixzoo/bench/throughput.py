@@ -412,14 +412,24 @@ def packed_cell(shape: str, mixer: str, mode: str, K: int, P: int, device: str, 
                 if p.poll() is None:
                     p.kill()
         rs = [json.loads(Path(sp["out"]).read_text()) for sp in specs]
+    return packed_row(row, rs)
+
+
+def packed_row(row: dict, rs: list[dict]) -> dict:
+    """A packed cell's row from its P workers' rows: rates and memory summed, the overlap of their
+    timed windows, and every worker's backend (a worker that took another path is named)."""
+    P = len(rs)
     firsts = [r.get("t_first") for r in rs]
     lasts = [r.get("t_last") for r in rs]
     overlap = float("nan")
-    if all(firsts) and all(lasts):
+    if all(t is not None for t in firsts + lasts):
         span = sum(b - a for a, b in zip(firsts, lasts)) / P
         overlap = max(0.0, min(lasts) - max(firsts)) / span if span > 0 else float("nan")
     notes = sorted({r["note"] for r in rs if r.get("note")})
-    return {**row, "backend": rs[0]["backend"], "state": "COMPLETE" if all(r["state"] == "COMPLETE" for r in rs)
+    backends = sorted({r["backend"] for r in rs})      # every worker's: one that took another path shows
+    if len(backends) > 1:
+        notes.append("workers ran different backends: " + ", ".join(backends))
+    return {**row, "backend": "|".join(backends), "state": "COMPLETE" if all(r["state"] == "COMPLETE" for r in rs)
             else "FAIL", "ran": rs[0]["ran"], "note": "; ".join(notes),
             "model_steps_per_s": sum(r["model_steps_per_s"] for r in rs),
             "peak_mem_bytes": sum(int(r["peak_mem_bytes"] or 0) for r in rs), "overlap": overlap}
