@@ -215,3 +215,15 @@ def test_a_packed_cell_names_every_worker_s_backend():
     mixed = packed_row({"P": 2}, [w("fla-chunk+triton-dqkwg", 0), w("fla-chunk+torch-dqkwg", 0)])
     assert mixed["backend"] == "fla-chunk+torch-dqkwg|fla-chunk+triton-dqkwg"
     assert "workers ran different backends" in mixed["note"]
+
+
+def test_step_bytes_attributes_a_whole_step_on_the_cpu():
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import step_bytes
+    r = step_bytes.count("softmax", batch=4)
+    by = r["bytes"]
+    for key in ("fwd mixer", "bwd mixer", "fwd mlp", "bwd mlp", "fwd norm1", "bwd norm1", "loss", "clip + optimizer"):
+        assert by.get(key, 0) > 0, (key, by)
+    assert by.get("?", 0) == 0                         # every operator ran inside a known module or phase
