@@ -58,14 +58,19 @@ def count(entry, batch: int = 128, device: str = "cpu") -> tuple[str, collection
     return getattr(m, "backend", "?"), log.bytes, log.calls, log.outs
 
 
-def main(argv=None) -> int:
-    from mixzoo.bench.mixers import label, parse_names
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arg_parser(doc: str) -> argparse.ArgumentParser:
+    """The command line of this script and of step_bytes.py: mechanisms, batch, rows shown, device."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("mixers", nargs="+")
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--device", default="cpu")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    from mixzoo.bench.mixers import label, parse_names
+    a = arg_parser(__doc__).parse_args(argv)
     for entry in parse_names(a.mixers):
         backend, by, calls, outs = count(entry, a.batch, a.device)
         name = label({"mechanism": entry, "knobs": {}} if isinstance(entry, str)

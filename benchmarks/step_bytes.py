@@ -22,7 +22,6 @@ and the final one 41 % (decomposed, above), MLP 22 %, residuals 7 %.
 """
 from __future__ import annotations
 
-import argparse
 import collections
 import sys
 from pathlib import Path
@@ -109,12 +108,8 @@ def count(mixer: str, batch: int = 128, device: str = "cpu") -> dict:
 def main(argv=None) -> int:
     import warnings
     warnings.filterwarnings("ignore", message="Full backward hook is firing")   # modules whose inputs need no grad
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("mixers", nargs="+")
-    ap.add_argument("--batch", type=int, default=128)
-    ap.add_argument("--top", type=int, default=12)
-    ap.add_argument("--device", default="cpu")
-    a = ap.parse_args(argv)
+    from layer_bytes import arg_parser
+    a = arg_parser(__doc__).parse_args(argv)
     for m in a.mixers:
         r = count(m, a.batch, a.device)
         by, calls = collections.Counter(r["bytes"]), r["calls"]
