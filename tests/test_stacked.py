@@ -341,3 +341,42 @@ def test_short_convolution_under_vmap_keeps_autocast_s_dtype():
         ref = torch.stack([m(x[i]) for i, m in enumerate(ms)])
     assert y.dtype == ref.dtype == torch.bfloat16
     torch.testing.assert_close(y.float(), ref.float(), atol=1.6e-2, rtol=1.6e-2)
+
+
+def test_folding_runs_rms_norm_once_on_every_model_s_rows():
+    """vmap has no batching rule for F.rms_norm (functorch decomposes it into elementwise operators,
+    where CUDA has one fused kernel): under ``folding()`` it is one call of F.rms_norm on a plain
+    tensor holding every model's rows, without weight, the per-model weight applied after; the
+    numbers, and gradients, of a loop over the models. Outside vmap F.rms_norm is called as is."""
+    import torch.nn.functional as F
+    from torch.func import vmap
+
+    from mixzoo.train.vmapfold import folding
+    seen = []
+    real = F.rms_norm
+
+    def spy(x, shape, weight=None, eps=None):
+        seen.append((torch._C._functorch.is_batchedtensor(x), tuple(x.shape), weight is None))
+        return real(x, shape, weight, eps)
+
+    torch.manual_seed(0)
+    K, B, T, D = 3, 2, 5, 8
+    x = torch.randn(K, B, T, D, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(K, D, dtype=torch.float64, requires_grad=True)
+    ref = torch.stack([real(x[k].transpose(0, 1), (D,), w[k], 1e-6) for k in range(K)])
+    want = torch.autograd.grad(ref.square().sum(), (x, w))
+    F.rms_norm = spy
+    try:
+        with folding():
+            out = vmap(lambda x, w: F.rms_norm(x.transpose(0, 1), (D,), w, 1e-6))(x, w)   # batch dim inside
+            bare = vmap(lambda x: F.rms_norm(x, [D]), in_dims=1)(x)                          # vmapped over B
+            assert seen == [(False, (K, T, B, D), True), (False, (B, K, T, D), True)]
+            seen.clear()
+            F.rms_norm(x[0], (D,), w[0], 1e-6)
+            assert seen == [(False, (B, T, D), False)]
+    finally:
+        F.rms_norm = real
+    torch.testing.assert_close(out, ref)
+    for got, g in zip(torch.autograd.grad(out.square().sum(), (x, w)), want):
+        torch.testing.assert_close(got, g)
+    torch.testing.assert_close(bare, torch.stack([real(x[:, b], (D,)) for b in range(B)]))

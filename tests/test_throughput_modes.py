@@ -132,6 +132,29 @@ def test_bench_throughput_step_modes_tiny(tmp_path, capsys):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".tmp-")]
 
 
+def test_bench_throughput_times_a_variant_beside_its_mechanism(tmp_path, monkeypatch):
+    """``NAME:KEY=V`` is a variant: its own rows (eager baseline included), its knobs reaching the
+    model in process and in packed workers, labelled apart from the mechanism; the MIXZOO_ switches
+    of the run are recorded."""
+    out = tmp_path / "tp.json"
+    monkeypatch.setenv("MIXZOO_FOLD_RMS_NORM", "1")
+    assert main(["bench", "throughput", "--shape", "tiny", "mamba", "mamba:chunk_size=4", "--modes", "stacked",
+                 "--K", "2", "--procs", "2", "--pack", "stacked:2", "--steps", "2", "--warmup", "2",
+                 "--out", str(out), "--device", "cpu"]) == 0
+    res = json.loads(out.read_text())
+    assert res["env"] == {"MIXZOO_FOLD_RMS_NORM": "1"}
+    rows = {(r["mixer"], r["mode"], r["P"]): r for r in res["rows"]}
+    assert set(rows) == {(m, mode, P) for m in ("mamba", "mamba chunk_size=4")
+                         for mode, P in (("eager", 1), ("stacked", 1), ("stacked", 2))}
+    for (m, _, _), r in rows.items():
+        assert r["state"] == "COMPLETE" and r["mechanism"] == "mamba", r
+        assert r["knobs"] == ({"chunk_size": 4} if m != "mamba" else {})
+    from mixzoo.bench.throughput import project_mad
+    assert set(project_mad(res, shape="tiny")["hours"]) == {"mamba", "mamba chunk_size=4"}
+    # an unknown knob: one line and exit 2 before anything is timed
+    assert main(["bench", "throughput", "--shape", "tiny", "mamba:no_such_knob=1", "--device", "cpu"]) == 2
+
+
 def test_bench_throughput_refuses_bad_cells():
     import argparse
 

@@ -163,13 +163,16 @@ def format_table(rows: list[dict]) -> str:
 
 def parse_names(items: list[str]) -> list:
     """``NAME`` or ``NAME:KEY=V[,KEY=V]`` -> name or (name, knobs); unknown names are usage errors."""
+    from ..api import check_mixer_knobs
     from ..commands import literal, parse_pairs
     from ..registry import get_mixer
     out = []
     for it in items:
         name, _, rest = it.partition(":")
         get_mixer(name)
-        out.append((name, {k: literal(v) for k, v in parse_pairs(rest.split(","), it).items()}) if rest else name)
+        knobs = {k: literal(v) for k, v in parse_pairs(rest.split(","), it).items()} if rest else {}
+        check_mixer_knobs(name, knobs)
+        out.append((name, knobs) if rest else name)
     return out
 
 
@@ -180,13 +183,13 @@ def main(args) -> int:
     dev = None if dev in (None, "", "auto") else dev
     device = dev or ("cuda" if torch.cuda.is_available() else "cpu")
     where = torch.cuda.get_device_name(0) if device.startswith("cuda") else "CPU"
+    names = parse_names(list(getattr(args, "names", None) or [])
+                        or [n for n in os.environ.get("MIXZOO_BENCH_MIXERS", "").split(",") if n]) or None
     print(f"bench mixers: batch {shape['batch']}, length {shape['seq_len']}, width {shape['d_model']}, "
           f"{shape['num_heads']} heads, one layer, forward+backward; "
           f"{'bf16 autocast' if device.startswith('cuda') else 'float32'} on {where}, torch {torch.__version__}; "
           f"median of {shape['iters']} steps after {shape['warmup']} warm-up", flush=True)
     log = lambda r: print(progress_line(r), file=sys.stderr, flush=True)
-    names = parse_names(list(getattr(args, "names", None) or [])
-                        or [n for n in os.environ.get("MIXZOO_BENCH_MIXERS", "").split(",") if n]) or None
     rows = bench_mixers(names, device=device, log=log, **shape)
     print(format_table(rows))
     if getattr(args, "out", None):

@@ -334,9 +334,15 @@ def _window(history: list[dict], warmup: int) -> tuple[float, float, float]:
     return (last["step"] - first["step"]) / dt if dt > 0 else float("nan"), first["train_time_s"], last["train_time_s"]
 
 
+def variant_label(mixer: str, knobs: dict | None) -> str:
+    """``mamba`` or, with knobs, ``mamba chunk_size=128`` (a row's ``mixer``: each variant is its own row)."""
+    return " ".join([mixer, *(f"{k}={v}" for k, v in (knobs or {}).items())])
+
+
 def run_cell(shape: str, mixer: str, mode: str, K: int, device: str, steps: int, warmup: int,
-             setup=None, on_first_eval=None) -> dict:
-    """One process's cell: ``mode`` with K models; its model-steps/s (K x the run's steps/s)."""
+             setup=None, on_first_eval=None, knobs: dict | None = None) -> dict:
+    """One process's cell: ``mode`` with K models; its model-steps/s (K x the run's steps/s).
+    ``knobs``: the mechanism's (a variant, e.g. {"chunk_size": 128})."""
     from ..train import TrainConfig, train
     from ..train.stacked import train_stacked
     task, mcfg, data = setup or _mode_setup(shape, device)
@@ -349,11 +355,12 @@ def run_cell(shape: str, mixer: str, mode: str, K: int, device: str, steps: int,
     def hook(step, val):
         stamps.append((step, time.time()))
     if mode.startswith("stacked"):
-        res = train_stacked(task, mixer, {}, mcfg, [cfg] * K, list(range(K)), device=device, data=data,
-                            on_eval=[hook] + [None] * (K - 1))[0]
+        res = train_stacked(task, mixer, dict(knobs or {}), mcfg, [cfg] * K, list(range(K)), device=device,
+                            data=data, on_eval=[hook] + [None] * (K - 1))[0]
     else:
-        res = train(task, mixer, {}, mcfg, cfg, seed=0, device=device, data=data, on_eval=hook)
-    row = dict(shape=shape, mixer=mixer, mode=mode, K=K, P=1, backend=res.backend, state=res.state,
+        res = train(task, mixer, dict(knobs or {}), mcfg, cfg, seed=0, device=device, data=data, on_eval=hook)
+    row = dict(shape=shape, mixer=variant_label(mixer, knobs), mechanism=mixer, knobs=dict(knobs or {}), mode=mode,
+               K=K, P=1, backend=res.backend, state=res.state,
                ran=getattr(res, "step_mode", mode), note=getattr(res, "step_mode_reason", "") or res.reason,
                peak_mem_bytes=res.peak_mem_bytes, steps=res.steps)
     if res.state != "COMPLETE" or not res.history:
@@ -371,7 +378,9 @@ def _mode_worker(spec_json: str) -> None:
     spec = json.loads(spec_json)
     setup = _mode_setup(spec["shape"], spec["device"])
     # a first, short run compiles/autotunes every kernel of this mode before the common start
-    run_cell(spec["shape"], spec["mixer"], spec["mode"], spec["K"], spec["device"], spec["warmup"], spec["warmup"], setup)
+    kn = spec.get("knobs") or {}
+    run_cell(spec["shape"], spec["mixer"], spec["mode"], spec["K"], spec["device"], spec["warmup"], spec["warmup"], setup,
+             knobs=kn)
     Path(spec["ready"]).write_text("1")
     t_end = time.time() + spec["wait_s"]
     while not Path(spec["go"]).exists():
@@ -379,18 +388,20 @@ def _mode_worker(spec_json: str) -> None:
             raise SystemExit("packing worker: no start signal")
         time.sleep(0.005)
     row = run_cell(spec["shape"], spec["mixer"], spec["mode"], spec["K"], spec["device"], spec["steps"],
-                   spec["warmup"], setup)
+                   spec["warmup"], setup, knobs=kn)
     from ..leaderboard.export import write_atomic
     write_atomic(spec["out"], json.dumps(row))
 
 
 def packed_cell(shape: str, mixer: str, mode: str, K: int, P: int, device: str, steps: int, warmup: int,
-                wait_s: float = 900.0) -> dict:
+                wait_s: float = 900.0, knobs: dict | None = None) -> dict:
     """P processes running one cell at once; the aggregate of their model-steps/s."""
-    row = dict(shape=shape, mixer=mixer, mode=mode, K=K, P=P)
+    row = dict(shape=shape, mixer=variant_label(mixer, knobs), mechanism=mixer, knobs=dict(knobs or {}), mode=mode,
+               K=K, P=P)
     with tempfile.TemporaryDirectory() as d:
         go = os.path.join(d, "go")
-        specs = [dict(shape=shape, mixer=mixer, mode=mode, K=K, device=device, steps=steps, warmup=warmup,
+        specs = [dict(shape=shape, mixer=mixer, knobs=dict(knobs or {}), mode=mode, K=K, device=device, steps=steps,
+                      warmup=warmup,
                       ready=os.path.join(d, f"r{i}"), go=go, out=os.path.join(d, f"w{i}.json"), wait_s=wait_s)
                  for i in range(P)]
         # on a CPU, one thread a process: P processes of several OpenMP threads each thrash
@@ -558,20 +569,23 @@ def modes_main(args) -> int:
     pack = [c for c in args.pack.split(",") if c]
     for c in pack:
         parse_cell(c)
-    mixers = list(args.names) or os.environ.get("MIXZOO_BENCH_MIXERS", "softmax,gdn").split(",")
-    from ..registry import get_mixer, load_builtins
+    from ..registry import load_builtins
+    from .mixers import parse_names
     load_builtins()
-    for m in mixers:
-        get_mixer(m)
+    # NAME or NAME:KEY=V,... (a variant: its own rows, its own eager baseline)
+    variants = [(v, {}) if isinstance(v, str) else v
+                for v in parse_names(list(args.names) or os.environ.get("MIXZOO_BENCH_MIXERS", "softmax,gdn").split(","))]
     gpu = torch.cuda.is_available() and args.device != "cpu"
     device = "cuda" if gpu else "cpu"
     dev_name = torch.cuda.get_device_name(0) if gpu else "cpu"
     steps, warmup = args.steps, args.warmup
     cells = cells_of(modes, Ks, procs, pack)
-    print(f"device: {dev_name}  torch {torch.__version__}  {len(shapes)} shapes x {len(mixers)} mechanisms x "
+    print(f"device: {dev_name}  torch {torch.__version__}  {len(shapes)} shapes x {len(variants)} mechanisms x "
           f"{len(cells)} cells, {steps} timed steps after {warmup}", flush=True)
     t_start, rows = time.time(), []
-    out = {"device": dev_name, "torch": torch.__version__, "steps": steps, "warmup": warmup, "rows": rows}
+    # the MIXZOO_ switches a run was made under (e.g. MIXZOO_FOLD_RMS_NORM=0, MIXZOO_DQKWG=torch)
+    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith("MIXZOO_") and k != "MIXZOO_BENCH_MIXERS"}
+    out = {"device": dev_name, "torch": torch.__version__, "steps": steps, "warmup": warmup, "env": env, "rows": rows}
 
     def save():            # after every cell: a run cut short keeps what it measured
         from ..leaderboard.export import write_atomic
@@ -586,21 +600,22 @@ def modes_main(args) -> int:
         print(f"  {shape}: train/packing.py packs {out['packing_policy'][shape]} processes per GPU at this shape",
               flush=True)
         setup = None                          # the shape's data, shared by its in-process cells
-        for mixer in mixers:
+        for mixer, knobs in variants:
+            name = variant_label(mixer, knobs)
             for mode, K, P in cells:
-                label = f"  {shape:<8} {mixer:<9} {cell_label(mode, K, P):<30}"
+                label = f"  {shape:<8} {name:<9} {cell_label(mode, K, P):<30}"
                 if args.budget_s and time.time() - t_start > args.budget_s:
-                    rows.append(dict(shape=shape, mixer=mixer, mode=mode, K=K, P=P, state="SKIPPED",
-                                     note="time budget spent", model_steps_per_s=float("nan")))
+                    rows.append(dict(shape=shape, mixer=name, mechanism=mixer, knobs=knobs, mode=mode, K=K, P=P,
+                                     state="SKIPPED", note="time budget spent", model_steps_per_s=float("nan")))
                     continue
                 try:
                     if P == 1:
                         setup = setup or _mode_setup(shape, device)
-                        r = run_cell(shape, mixer, mode, K, device, steps, warmup, setup)
+                        r = run_cell(shape, mixer, mode, K, device, steps, warmup, setup, knobs=knobs)
                     else:
-                        r = packed_cell(shape, mixer, mode, K, P, device, steps, warmup)
+                        r = packed_cell(shape, mixer, mode, K, P, device, steps, warmup, knobs=knobs)
                 except Exception as e:        # one cell failing must not lose the others
-                    r = dict(shape=shape, mixer=mixer, mode=mode, K=K, P=P, state="FAIL",
+                    r = dict(shape=shape, mixer=name, mechanism=mixer, knobs=knobs, mode=mode, K=K, P=P, state="FAIL",
                              note=f"{type(e).__name__}: {e}"[:300], model_steps_per_s=float("nan"))
                 rows.append(r)
                 print(f"{label} {r['model_steps_per_s']:9.1f} model-steps/s  {r['state']}"

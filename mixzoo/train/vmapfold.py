@@ -26,16 +26,25 @@ and ``loss.backward()`` outside the vmap runs the op's own backward. Outside vma
 op itself (no copy, no overhead beyond one check), so installing the wrappers changes nothing for
 ordinary training.
 
-``folding()`` installs them for the duration of a block: on ``F.scaled_dot_product_attention`` and on
-every entry point mixzoo's mechanisms look up through ``mixzoo.models._fla._op`` (they call it on each
-forward: fla's ops, and LLA's Triton kernel). The long-term home of this is ``mixzoo/models/_fla.py``
-itself (its ``_op`` returning ``foldable(...)``); it lives here so that stacking needs no change to the
-models.
+``folding()`` installs them for the duration of a block: on ``F.scaled_dot_product_attention``, on
+``F.rms_norm`` and on every entry point mixzoo's mechanisms look up through ``mixzoo.models._fla._op``
+(they call it on each forward: fla's ops, and LLA's Triton kernel). The long-term home of the
+entry points' wrapping is ``mixzoo/models/_fla.py`` itself (its ``_op`` returning ``foldable(...)``);
+it lives here so that stacking needs no change to the models.
+
+``F.rms_norm`` is there because vmap has no batching rule for it: functorch decomposes it into its
+elementwise definition (a power, a mean, a reciprocal square root, products; about 6 operators
+forward and 14 backward, each writing a full activation), where an unstacked CUDA step runs one fused
+kernel each way. A norm is per row, so under vmap it runs as one call on the K models' rows
+(``_NormCall``) with any weight applied after it, per model (a weight is a per-model parameter with
+no batch dimension). ``MIXZOO_FOLD_RMS_NORM=0`` leaves it to functorch (to time one against the
+other).
 """
 from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -200,6 +209,40 @@ def foldable(fn: Callable, name: str | None = None, spec: FoldSpec | None = None
     return call
 
 
+@dataclass
+class _NormCall:
+    """``F.rms_norm(input, normalized_shape, eps=eps)`` (no weight) on the K models' rows at once:
+    the model dimension moved in front, outside the normalized dimensions."""
+    fn: Callable
+    name: str = "rms_norm"
+
+    def run(self, K: int, in_dims, args):
+        x, shape, eps = args
+        d = in_dims[0]
+        if d is None:
+            return self.fn(x, shape, None, eps), None
+        return self.fn(x.movedim(d, 0), shape, None, eps), 0
+
+
+def foldable_rms_norm(fn: Callable) -> Callable:
+    """``fn`` (``F.rms_norm``'s signature) itself outside vmap; under vmap one call of ``fn`` without
+    weight on every model's rows, times the weight (module docstring). Idempotent."""
+    if getattr(fn, "_mixzoo_folded", False):
+        return fn
+    norm = _NormCall(fn)
+
+    @functools.wraps(fn)
+    def rms_norm(input, normalized_shape, weight=None, eps=None):
+        if not torch._C._are_functorch_transforms_active():
+            return fn(input, normalized_shape, weight, eps)
+        y = _Fold.apply(norm, input, tuple(normalized_shape), eps)
+        return y if weight is None else y * weight
+
+    rms_norm._mixzoo_folded = True
+    rms_norm.__wrapped_op__ = fn
+    return rms_norm
+
+
 _lock = threading.Lock()
 _depth = 0
 _saved: dict[str, object] = {}
@@ -207,13 +250,16 @@ _saved: dict[str, object] = {}
 
 @contextlib.contextmanager
 def folding():
-    """Within the block, SDPA and the fla ops mechanisms look up are foldable (module docstring).
+    """Within the block, SDPA, RMS norms and the fla ops mechanisms look up are foldable (module docstring).
     Re-entrant; the originals are back when the outermost block ends."""
     global _depth
     from ..models import _fla
     with _lock:
         if _depth == 0:
             _saved["sdpa"] = F.scaled_dot_product_attention
+            _saved["rms_norm"] = F.rms_norm
+            if os.environ.get("MIXZOO_FOLD_RMS_NORM", "1") != "0":
+                F.rms_norm = foldable_rms_norm(F.rms_norm)
             _saved["op"] = _fla._op
             F.scaled_dot_product_attention = foldable(F.scaled_dot_product_attention, "scaled_dot_product_attention")
             orig = _fla._op
@@ -231,4 +277,5 @@ def folding():
             _depth -= 1
             if _depth == 0:
                 F.scaled_dot_product_attention = _saved.pop("sdpa")
+                F.rms_norm = _saved.pop("rms_norm")
                 _fla._op = _saved.pop("op")
