@@ -11,9 +11,9 @@ their PyTorch reference paths (softmax: SDPA's CPU kernel), so the mixer rows ar
 rest of the model (MLP, embedding, head, loss, optimizer) runs the same operators as on a GPU, except
 ``F.rms_norm``: decomposed into elementwise operators on the CPU (about 6 forward, 14 backward per
 norm), one fused kernel on CUDA in an eager step (the H200 profile, benchmarks/h200-2026-12-01/
-profile_step-7928ea8.md: ``vectorized_layer_norm_kernel`` 5 a step). Whether vmap (stacked steps)
-keeps it fused on CUDA is not known here: the stacked profile's largest kernels are non-vectorized
-elementwise ones and no layer-norm kernel is among them.
+profile_step-7928ea8.md: ``vectorized_layer_norm_kernel`` 5 a step). Under vmap (stacked steps)
+functorch decomposes it on CUDA too (it has no batching rule for it); ``mixzoo.train.vmapfold`` folds
+it back into one call of the fused op for all K models.
 
 2-core CPU, 2026-12-01, softmax at batch 128: 1173 MiB in one step; mixer 27 %, the four block norms
 and the final one 41 % (decomposed, above), MLP 22 %, residuals 7 %.

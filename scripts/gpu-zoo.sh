@@ -8,7 +8,7 @@
 #   build        scripts/build-mamba-ssm.sh from .gpu/*.tar.gz (wheels to .gpu/build, then installed)
 #   madbench     mixzoo bench mixers --shape mad (alone: run it as the only part); logs/madbench$MBN.*
 #   bench        mixzoo bench mixers $BENCH_ARGS (alone); logs/bench$MBN.*
-#   tput         mixzoo bench throughput $TP_ARGS (step modes side by side; alone), --out/--md under logs/
+#   tput         mixzoo bench throughput $TP_ARGS (step modes side by side; alone), logs/throughput$TPN.*
 #   gputests     pytest -m gpu on K (files, default tests/gpu), KEXPR selecting as pytest -k
 #   gputests2    a second pytest beside it, on K2 (KEXPR2), log logs/gputests-2.log
 #   script:F     python3 F $SCRIPT_ARGS (a benchmark script) in the background
@@ -80,8 +80,8 @@ for part in "$@"; do
              > logs/madbench$MBN.log 2>&1 & pids+=($!) ;;
     bench) timeout $T python3 -m mixzoo bench mixers ${BENCH_ARGS} --out logs/bench$MBN.json \
              > logs/bench$MBN.log 2>&1 & pids+=($!) ;;
-    tput) timeout $T python3 -m mixzoo bench throughput ${TP_ARGS} --out logs/throughput.json --md logs/throughput.md \
-             > logs/throughput.log 2>&1 & pids+=($!) ;;
+    tput) timeout $T python3 -m mixzoo bench throughput ${TP_ARGS} --out logs/throughput$TPN.json --md logs/throughput$TPN.md \
+             > logs/throughput$TPN.log 2>&1 & pids+=($!) ;;
     script:*) f=${part#script:}; timeout $T python3 $f ${SCRIPT_ARGS} > logs/$(basename $f .py).log 2>&1 & pids+=($!) ;;
     gputests2) timeout -s INT -k 30 $T python3 -m pytest -q -m gpu -rA --tb=short ${KEXPR2:+-k "$KEXPR2"} ${K2} \
                 > logs/gputests-2.log 2>&1 & pids+=($!) ;;
