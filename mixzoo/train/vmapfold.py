@@ -28,7 +28,7 @@ ordinary training.
 
 ``folding()`` installs them for the duration of a block: on ``F.scaled_dot_product_attention``, on
 ``F.rms_norm`` and on every entry point mixzoo's mechanisms look up through ``mixzoo.models._fla._op``
-(they call it on each forward: fla's ops, and LLA's Triton kernel). The long-term home of the
+(they call it on each forward: fla's ops, LLA's Triton kernel, the MLP's fused SwiGLU gate). The long-term home of the
 entry points' wrapping is ``mixzoo/models/_fla.py`` itself (its ``_op`` returning ``foldable(...)``);
 it lives here so that stacking needs no change to the models.
 
