@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import ShortConv
+from .common import ShortConv, fused_rms_norm
 
 
 class ConvAct(nn.Module):
@@ -32,7 +32,10 @@ class GatedNorm(nn.Module):
 
     def forward(self, o, gate):
         B, H, T, D = o.shape
-        o = F.rms_norm(o.float().transpose(1, 2), (D,), self.weight, self.eps).reshape(B, T, H * D)
+        y = fused_rms_norm(o.transpose(1, 2), self.weight, self.eps)
+        if y is None:
+            y = F.rms_norm(o.float().transpose(1, 2), (D,), self.weight, self.eps)
+        o = y.reshape(B, T, H * D)
         return (o * F.silu(gate)).to(gate.dtype)
 
 

@@ -5,6 +5,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels import rmsnorm as _rmsnorm
+from ..kernels import rope as _rope
+from . import _fla
+
+
+def fused_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
+    """x normalized over its last dimension times ``weight``, in float32, by mixzoo's Triton kernels
+    (``mixzoo.kernels.rmsnorm``: one weight row per stacked model), or None where they do not run (the
+    caller keeps its own PyTorch form, so its numbers off the GPU are unchanged)."""
+    if not _rmsnorm.runs_on(x):
+        return None
+    return _fla._op("mixzoo.kernels.rmsnorm", "rms_norm")(x, weight, eps)     # folded when stacking
+
 
 def split_heads(x: torch.Tensor, h: int) -> torch.Tensor:
     """(B, T, H*D) -> (B, H, T, D)."""
@@ -19,7 +32,10 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
 
 
 def rope(x: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
-    """Rotary position embedding on (B, H, T, D), rotating pairs (i, i + D/2)."""
+    """Rotary position embedding on (B, H, T, D), rotating pairs (i, i + D/2). On a GPU mixzoo's
+    Triton kernel (``mixzoo.kernels.rope``: float32, one output written); else this form, in x's dtype."""
+    if _rope.runs_on(x):
+        return _fla._op("mixzoo.kernels.rope", "rope")(x, base)          # folded when stacking
     D, T = x.shape[-1], x.shape[-2]
     half = D // 2
     if half == 0:
@@ -61,5 +77,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(d)) if affine else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight is not None and (y := fused_rms_norm(x, self.weight, self.eps)) is not None:
+            return y
         y = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
         return y * self.weight if self.weight is not None else y

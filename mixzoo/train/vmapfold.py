@@ -28,7 +28,8 @@ ordinary training.
 
 ``folding()`` installs them for the duration of a block: on ``F.scaled_dot_product_attention``, on
 ``F.rms_norm`` and on every entry point mixzoo's mechanisms look up through ``mixzoo.models._fla._op``
-(they call it on each forward: fla's ops, LLA's Triton kernel, the MLP's fused SwiGLU gate). The long-term home of the
+(they call it on each forward: fla's ops, LLA's Triton kernel, mixzoo's SwiGLU, RMS-norm and
+rotary-embedding kernels). The long-term home of the
 entry points' wrapping is ``mixzoo/models/_fla.py`` itself (its ``_op`` returning ``foldable(...)``);
 it lives here so that stacking needs no change to the models.
 
@@ -185,11 +186,37 @@ def _argnames(fn) -> tuple[str, ...]:
     return tuple(p.name for p in ps if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
 
 
+@dataclass
+class _OwnRule:
+    """An op's own fold rule (its ``__mixzoo_fold__``): ``rule(K, in_dims, *args)`` -> (out, out_dims),
+    called on plain tensors with each argument's vmapped dimension (or None)."""
+    rule: Callable
+    name: str
+
+    def run(self, K: int, in_dims, args):
+        return self.rule(K, tuple(in_dims), *args)
+
+
 def foldable(fn: Callable, name: str | None = None, spec: FoldSpec | None = None) -> Callable:
     """``fn`` itself outside vmap; under vmap, ``fn`` called once with the vmapped dimension folded
-    into its batch or heads (module docstring). Idempotent."""
+    into its batch or heads (module docstring), or by its own rule where it has one: an op whose
+    models need more than folding (K per-model weights applied in the op, as ``mixzoo.kernels.rmsnorm``)
+    sets ``fn.__mixzoo_fold__ = rule`` (``_OwnRule``; positional arguments only). Idempotent."""
     if getattr(fn, "_mixzoo_folded", False):
         return fn
+    own = getattr(fn, "__mixzoo_fold__", None)
+    if own is not None:
+        rule = _OwnRule(own, name or getattr(fn, "__name__", "op"))
+
+        @functools.wraps(fn)
+        def call_own(*args):
+            if not torch._C._are_functorch_transforms_active():
+                return fn(*args)
+            return _Fold.apply(rule, *args)
+
+        call_own._mixzoo_folded = True
+        call_own.__wrapped_op__ = fn
+        return call_own
     name = name or getattr(fn, "__name__", "op")
     spec = spec or SPECS.get(name, FoldSpec())
     argnames = _argnames(fn)

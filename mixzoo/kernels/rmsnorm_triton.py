@@ -1,0 +1,72 @@
+"""The Triton kernels behind ``mixzoo.kernels.rmsnorm`` (imported only when they are to run).
+
+Layout: x (G, R, D) contiguous, one weight row per group w (G, D); a program takes BR rows of one
+group, the whole row of D (padded to a power of two) in registers. Backward: dx per row, and per
+program the partial sums of dy x̂ over its rows, summed per group by the caller."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _fwd_kernel(x, w, y, rstd, R, D, NB, eps, BR: tl.constexpr, BD: tl.constexpr):
+    g, rb = tl.program_id(0), tl.program_id(1)
+    rows = rb * BR + tl.arange(0, BR)
+    cols = tl.arange(0, BD)
+    mr, mc = rows < R, cols < D
+    m = mr[:, None] & mc[None, :]
+    off = (g * R + rows).to(tl.int64)[:, None] * D + cols[None, :]
+    xv = tl.load(x + off, mask=m, other=0.).to(tl.float32)
+    r = 1. / tl.sqrt(tl.sum(xv * xv, axis=1) / D + eps)
+    wv = tl.load(w + g * D + cols, mask=mc, other=0.).to(tl.float32)
+    tl.store(y + off, (xv * r[:, None] * wv[None, :]).to(y.dtype.element_ty), mask=m)
+    tl.store(rstd + g * R + rows, r, mask=mr)
+
+
+@triton.jit
+def _bwd_kernel(x, w, rstd, dy, dx, dwp, R, D, NB, BR: tl.constexpr, BD: tl.constexpr):
+    g, rb = tl.program_id(0), tl.program_id(1)
+    rows = rb * BR + tl.arange(0, BR)
+    cols = tl.arange(0, BD)
+    mr, mc = rows < R, cols < D
+    m = mr[:, None] & mc[None, :]
+    off = (g * R + rows).to(tl.int64)[:, None] * D + cols[None, :]
+    xv = tl.load(x + off, mask=m, other=0.).to(tl.float32)
+    gv = tl.load(dy + off, mask=m, other=0.).to(tl.float32)
+    r = tl.load(rstd + g * R + rows, mask=mr, other=0.)
+    wv = tl.load(w + g * D + cols, mask=mc, other=0.).to(tl.float32)
+    xh = xv * r[:, None]
+    gw = gv * wv[None, :]
+    c = tl.sum(gw * xh, axis=1) / D
+    tl.store(dx + off, ((gw - xh * c[:, None]) * r[:, None]).to(dx.dtype.element_ty), mask=m)
+    tl.store(dwp + ((g * NB + rb) * D + cols).to(tl.int64), tl.sum(gv * xh, axis=0), mask=mc)
+
+
+def _blocks(R: int, D: int) -> tuple[int, int, int]:
+    BD = triton.next_power_of_2(D)
+    BR = max(1, min(triton.next_power_of_2(R), 4096 // BD))
+    return BR, BD, triton.cdiv(R, BR)
+
+
+def forward(x: torch.Tensor, w: torch.Tensor, eps: float, out_dtype: torch.dtype):
+    """x (G, R, D) contiguous, w (G, D) contiguous -> y (G, R, D) in out_dtype, rstd (G, R) float32."""
+    G, R, D = x.shape
+    y = torch.empty(G, R, D, dtype=out_dtype, device=x.device)
+    rstd = torch.empty(G, R, dtype=torch.float32, device=x.device)
+    BR, BD, NB = _blocks(R, D)
+    if G and R:
+        _fwd_kernel[(G, NB)](x, w, y, rstd, R, D, NB, float(eps), BR=BR, BD=BD)
+    return y, rstd
+
+
+def backward(x: torch.Tensor, w: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor):
+    """-> dx (x's shape and dtype), dw (G, D) float32."""
+    G, R, D = x.shape
+    BR, BD, NB = _blocks(R, D)
+    dx = torch.empty_like(x)
+    dwp = torch.empty(G, NB, D, dtype=torch.float32, device=x.device)
+    if G and R:
+        _bwd_kernel[(G, NB)](x, w, rstd, dy, dx, dwp, R, D, NB, BR=BR, BD=BD)
+    return dx, dwp.sum(1)

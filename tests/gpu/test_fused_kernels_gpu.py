@@ -1,0 +1,252 @@
+"""mixzoo's fused kernels of the backbone on the GPU, the default there: the SwiGLU gate
+(``mixzoo.kernels.swiglu``; ``MIXZOO_SWIGLU=torch`` asks for the PyTorch form) and RMS norm with its
+weight (``mixzoo.kernels.rmsnorm``; ``MIXZOO_RMSNORM=torch``). For each: the self-check that enables it
+passes, it gives the PyTorch form's numbers at the mad recipe's widths (no less accurate against
+float64), the model's module takes it, stacked training folds it into one call for K models, and both
+forms are timed side by side at MAD's baseline shape (128 x 128 tokens), printed."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+def _rel(a, b):
+    return float((a.double() - b).norm() / b.norm())
+
+
+def test_kernels_match_the_pytorch_form_here():
+    from mixzoo.kernels import swiglu as S
+    assert S.usable(torch.cuda.current_device())
+    g = torch.Generator(device="cuda").manual_seed(0)
+    h = (torch.randn(128, 128, 2 * 341, device="cuda", generator=g) * 2).bfloat16()
+    do = torch.randn(128, 128, 341, device="cuda", generator=g).bfloat16()
+    errs = {}
+    r = h.double().requires_grad_()
+    want = S.swiglu_torch(r)
+    want.backward(do.double())
+    for name, fn in (("kernel", S.swiglu), ("torch", S.swiglu_torch)):
+        x = h.clone().requires_grad_()
+        y = fn(x)
+        y.backward(do)
+        assert y.dtype == x.grad.dtype == torch.bfloat16
+        errs[name] = (_rel(y, want.detach()), _rel(x.grad, r.grad))
+    print(f"\nswiglu bf16 against float64, output / gradient: kernel {errs['kernel'][0]:.2e} / {errs['kernel'][1]:.2e}, "
+          f"PyTorch form {errs['torch'][0]:.2e} / {errs['torch'][1]:.2e}")
+    for k in (0, 1):
+        assert errs["kernel"][k] <= 1.1 * errs["torch"][k] + 1e-6
+
+
+def test_the_mlp_takes_the_kernels_and_stacking_folds_them(monkeypatch):
+    from torch.func import functional_call, stack_module_state, vmap
+
+    from mixzoo.kernels import swiglu_triton
+    from mixzoo.kernels.swiglu import usable
+    from mixzoo.models.backbones import MLP
+    from mixzoo.train.vmapfold import folding
+    assert usable(torch.cuda.current_device())      # its self-check runs the kernels too: before the spy
+    calls = []
+    fwd = swiglu_triton.forward
+    monkeypatch.setattr(swiglu_triton, "forward", lambda h: calls.append(tuple(h.shape)) or fwd(h))
+    torch.manual_seed(0)
+    ms = [MLP(128, "swiglu", 4.0).cuda() for _ in range(4)]
+    x = torch.randn(4, 8, 128, 128, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        ref = torch.stack([m(xi) for m, xi in zip(ms, x)])
+        assert calls == [(8, 128, 682)] * 4
+        calls.clear()
+        params, bufs = stack_module_state(ms)
+        with folding():
+            y = vmap(lambda p, b, xi: functional_call(ms[0], (p, b), (xi,)))(params, bufs, x)
+    assert calls == [(32, 128, 682)]
+    torch.testing.assert_close(y.float(), ref.float(), rtol=2e-2, atol=2e-3)
+
+
+def test_fused_and_pytorch_forms_timed_side_by_side():
+    from mixzoo.kernels import swiglu as S
+    h = torch.randn(128, 128, 2 * 341, device="cuda").bfloat16().requires_grad_()
+    do = torch.randn(128, 128, 341, device="cuda").bfloat16()
+    ms = {}
+    for _ in range(2):                                  # two rounds, alternating
+        for name, fn in (("torch", S.swiglu_torch), ("kernel", S.swiglu)):
+            for _ in range(3):
+                fn(h).backward(do)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(50):
+                fn(h).backward(do)
+            end.record()
+            torch.cuda.synchronize()
+            ms.setdefault(name, []).append(start.elapsed_time(end) / 50)
+    best = {k: min(v) for k, v in ms.items()}
+    print(f"\nswiglu forward+backward at 128 x 128 x 2*341 bf16: PyTorch form {best['torch']:.3f} ms, "
+          f"kernels {best['kernel']:.3f} ms ({best['torch'] / best['kernel']:.2f}x)")
+    assert best["kernel"] < best["torch"]
+
+
+def _timed(fn, rounds: int = 2, iters: int = 50) -> float:
+    """Best over ``rounds`` of the mean ms of ``fn()`` (a forward and backward), after 3 warm-ups."""
+    best = float("inf")
+    for _ in range(rounds):
+        for _ in range(3):
+            fn()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        best = min(best, start.elapsed_time(end) / iters)
+    return best
+
+
+def test_rms_norm_kernels_match_the_pytorch_form_here():
+    import torch.nn.functional as F
+
+    from mixzoo.kernels import rmsnorm as N
+    assert N.usable(torch.cuda.current_device())
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for dt, D in ((torch.float32, 128), (torch.bfloat16, 8), (torch.float32, 256)):
+        x = (torch.randn(128 * 128, D, device="cuda", generator=g) * 2).to(dt)
+        w = 1 + 0.3 * torch.randn(D, device="cuda", generator=g)
+        dy = torch.randn(128 * 128, D, device="cuda", generator=g)
+        xr, wr = x.double().requires_grad_(), w.double().requires_grad_()
+        want = F.rms_norm(xr, (D,), wr, 1e-6)
+        want.backward(dy.double())
+        errs = {}
+        for name, fn in (("kernel", N.rms_norm), ("torch", N.rms_norm_torch)):
+            xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
+            y = fn(xx, ww, 1e-6)
+            y.backward(dy)
+            errs[name] = [_rel(y, want.detach()), _rel(xx.grad, xr.grad), _rel(ww.grad, wr.grad)]
+        print(f"\nrms_norm {dt} D={D} against float64, out / dx / dw: kernel "
+              + " / ".join(f"{e:.1e}" for e in errs["kernel"]) + ", PyTorch form "
+              + " / ".join(f"{e:.1e}" for e in errs["torch"]))
+        for a, b in zip(errs["kernel"], errs["torch"]):
+            assert a <= max(2 * b, 1e-6)
+
+
+def test_the_norms_take_the_kernels_and_stacking_folds_them(monkeypatch):
+    from torch.func import functional_call, stack_module_state, vmap
+
+    from mixzoo.kernels import rmsnorm_triton
+    from mixzoo.kernels.rmsnorm import usable
+    from mixzoo.models._parts import GatedNorm
+    from mixzoo.models.common import RMSNorm
+    from mixzoo.train.vmapfold import folding
+    assert usable(torch.cuda.current_device())      # its self-check runs the kernels too: before the spy
+    calls = []
+    fwd = rmsnorm_triton.forward
+    monkeypatch.setattr(rmsnorm_triton, "forward", lambda x, *a: calls.append(tuple(x.shape)) or fwd(x, *a))
+    torch.manual_seed(0)
+    for make, args, one, folded in (
+            (lambda: RMSNorm(128), (torch.randn(4, 8, 128, 128, device="cuda"),), (1, 1024, 128), (4, 1024, 128)),
+            (lambda: GatedNorm(8), (torch.randn(4, 8, 16, 128, 8, device="cuda").bfloat16(),
+                                    torch.randn(4, 8, 128, 128, device="cuda").bfloat16()), (1, 16384, 8), (4, 16384, 8))):
+        ms = [make().cuda() for _ in range(4)]
+        for m in ms:
+            torch.nn.init.normal_(m.weight, 1.0, 0.2)
+        calls.clear()
+        ref = torch.stack([m(*(a[k] for a in args)) for k, m in enumerate(ms)])
+        assert calls == [one] * 4
+        calls.clear()
+        params, bufs = stack_module_state(ms)
+        with folding():
+            y = vmap(lambda p, b, *a, m=ms[0]: functional_call(m, (p, b), a))(params, bufs, *args)
+        assert calls == [folded]
+        torch.testing.assert_close(y.float(), ref.float(), rtol=1e-5, atol=1e-5)
+
+
+def test_rms_norm_forms_timed_side_by_side(monkeypatch):
+    """The backbone's norm at MAD's shape (128 x 128 tokens of 128, float32), forward and backward:
+    unstacked with the kernel and with the PyTorch form (fused F.rms_norm, then the weight); 16 stacked
+    models with the kernel, with F.rms_norm folded (MIXZOO_RMSNORM=torch) and with functorch's
+    decomposition (MIXZOO_RMSNORM=torch MIXZOO_FOLD_RMS_NORM=0)."""
+    from torch.func import functional_call, stack_module_state, vmap
+
+    from mixzoo.models.common import RMSNorm
+    from mixzoo.train.vmapfold import folding
+    x = torch.randn(128, 128, 128, device="cuda", requires_grad=True)
+    n = RMSNorm(128).cuda()
+    dy = torch.randn(128, 128, 128, device="cuda")
+    ms = [RMSNorm(128).cuda() for _ in range(16)]
+    params, bufs = stack_module_state(ms)
+    xs = torch.randn(16, 128, 128, 128, device="cuda", requires_grad=True)
+    dys = torch.randn(16, 128, 128, 128, device="cuda")
+
+    def stacked():
+        with folding():
+            y = vmap(lambda p, b, xi: functional_call(ms[0], (p, b), (xi,)))(params, bufs, xs)
+        y.backward(dys)
+    t = {}
+    for env in ({}, {"MIXZOO_RMSNORM": "torch"}, {"MIXZOO_RMSNORM": "torch", "MIXZOO_FOLD_RMS_NORM": "0"}):
+        for k in ("MIXZOO_RMSNORM", "MIXZOO_FOLD_RMS_NORM"):
+            monkeypatch.delenv(k, raising=False)
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        label = " ".join(f"{k}={v}" for k, v in env.items()) or "kernel"
+        if "MIXZOO_FOLD_RMS_NORM" not in env:
+            t[f"one model, {label}"] = _timed(lambda: n(x).backward(dy))
+        t[f"16 stacked, {label}"] = _timed(stacked, rounds=2, iters=10)
+    print("\nRMSNorm(128) forward+backward at 128 x 128 tokens, ms: " + "; ".join(f"{k} {v:.3f}" for k, v in t.items()))
+    assert t["one model, kernel"] < t["one model, MIXZOO_RMSNORM=torch"]
+    assert t["16 stacked, kernel"] < t["16 stacked, MIXZOO_RMSNORM=torch"]
+
+
+def test_rope_kernel_matches_the_pytorch_form_here_and_is_timed(monkeypatch):
+    """q's rotary embedding at the mad recipe's layer (batch 128, 16 heads of 8, length 128) from the
+    projection's strided view, bf16: against float64 beside the model's PyTorch form, then both timed
+    forward+backward side by side."""
+    from mixzoo.kernels import rope as R
+    from mixzoo.models.common import rope
+    assert R.usable(torch.cuda.current_device())
+    g = torch.Generator(device="cuda").manual_seed(0)
+    qkv = torch.randn(128, 128, 3 * 128, device="cuda", generator=g).bfloat16()
+    x = qkv[..., :128].unflatten(-1, (16, 8)).transpose(1, 2)
+    dy = torch.randn(128, 16, 128, 8, device="cuda", generator=g).bfloat16()
+    xr = x.double().requires_grad_()
+    want = R.rope_torch(xr)
+    want.backward(dy.double())
+    errs, t = {}, {}
+    for name, env in (("kernel", None), ("torch", "torch")):
+        if env:
+            monkeypatch.setenv("MIXZOO_ROPE", env)
+        xx = x.detach().clone().requires_grad_()
+        y = rope(xx)
+        y.backward(dy)
+        errs[name] = (_rel(y, want.detach()), _rel(xx.grad, xr.grad))
+        xt = x.detach().requires_grad_()
+        t[name] = _timed(lambda xt=xt: rope(xt).backward(dy))
+    monkeypatch.delenv("MIXZOO_ROPE", raising=False)
+    print(f"\nrope bf16 (128, 16, 128, 8) against float64, out / dx: kernel {errs['kernel'][0]:.2e} / "
+          f"{errs['kernel'][1]:.2e}, PyTorch form {errs['torch'][0]:.2e} / {errs['torch'][1]:.2e}; forward+backward "
+          f"kernel {t['kernel']:.3f} ms, PyTorch form {t['torch']:.3f} ms")
+    for k in (0, 1):
+        assert errs["kernel"][k] <= 1.1 * errs["torch"][k] + 1e-6
+    assert t["kernel"] < t["torch"]
+
+
+def test_a_stacked_softmax_layer_folds_the_rope_kernel(monkeypatch):
+    from torch.func import functional_call, stack_module_state, vmap
+
+    from mixzoo.kernels import rope_triton
+    from mixzoo.kernels.rope import usable
+    from mixzoo.models.softmax import SoftmaxAttention
+    from mixzoo.train.vmapfold import folding
+    assert usable(torch.cuda.current_device())
+    calls = []
+    rot = rope_triton.rotate
+    monkeypatch.setattr(rope_triton, "rotate", lambda x, *a, **k: calls.append(tuple(x.shape)) or rot(x, *a, **k))
+    torch.manual_seed(0)
+    ms = [SoftmaxAttention(128, num_heads=16).cuda() for _ in range(4)]
+    x = torch.randn(4, 8, 128, 128, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        ref = torch.stack([m(xi) for m, xi in zip(ms, x)])
+        assert calls == [(8, 16, 128, 8)] * 8                   # q and k of each model
+        calls.clear()
+        params, bufs = stack_module_state(ms)
+        with folding():
+            y = vmap(lambda p, b, xi: functional_call(ms[0], (p, b), (xi,)))(params, bufs, x)
+    assert calls == [(32, 16, 128, 8)] * 2
+    torch.testing.assert_close(y.float(), ref.float(), rtol=2e-2, atol=2e-3)

@@ -1,0 +1,151 @@
+"""mixzoo.kernels.rmsnorm: RMS norm with its weight as Triton kernels, on the CPU in Triton's
+interpreter with the H200's numerics (benchmarks/lla_small_ridge.py; a fresh process per case, the
+interpreter being switched on before triton is imported): against float64, beside the PyTorch form;
+stacked models' norms as one call with their K weights (vmap under ``folding()``); and a whole stacked
+training run with the mad recipe (these kernels and the SwiGLU ones in every block) giving each run's
+numbers (softmax: the rotary-embedding kernel too). Off the GPU (no interpreter) the model's norms
+run their PyTorch forms, unchanged."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PRELUDE = r"""
+import json, sys
+sys.path.insert(0, @BENCH@); sys.path.insert(0, @ROOT@)
+import lla_small_ridge as L            # sets TRITON_INTERPRET=1 before triton is imported
+import torch
+L.emulate_gpu_numerics()
+"""
+
+KERNELS = PRELUDE + r"""
+from mixzoo.kernels import rmsnorm as N, rmsnorm_triton
+out = {"usable": N.usable(-1)}
+g = torch.Generator().manual_seed(0)
+rel = lambda a, b: float((a.double() - b).norm() / b.norm())
+for dt in ("float32", "bfloat16"):
+    for shape in ((5, 128), (2, 3, 173), (300, 8), (4, 256)):
+        x = (torch.randn(*shape, generator=g) * 3).to(getattr(torch, dt))
+        w = 1 + 0.3 * torch.randn(shape[-1], generator=g)
+        dy = torch.randn(*shape, generator=g)
+        xr, wr = x.double().requires_grad_(), w.double().requires_grad_()
+        want = torch.nn.functional.rms_norm(xr, (shape[-1],), wr, 1e-6)     # float64 throughout
+        want.backward(dy.double())
+        res = {}
+        for name, fn in (("kernel", N.rms_norm), ("torch", N.rms_norm_torch)):
+            xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
+            y = fn(xx, ww, 1e-6)
+            y.backward(dy)
+            res[name] = dict(dtype=str(y.dtype), gdtype=str(xx.grad.dtype), out=rel(y, want.detach()),
+                             dx=rel(xx.grad, xr.grad), dw=rel(ww.grad, wr.grad))
+        out[f"{dt} {shape}"] = res
+# stacked: vmap over 3 models' RMSNorm and GatedNorm under folding(): one kernel call, the loop's numbers
+from torch.func import functional_call, stack_module_state, vmap
+from mixzoo.models.common import RMSNorm
+from mixzoo.models._parts import GatedNorm
+from mixzoo.train.vmapfold import folding
+calls = []
+fwd = rmsnorm_triton.forward
+rmsnorm_triton.forward = lambda x, *a: calls.append(list(x.shape)) or fwd(x, *a)
+torch.manual_seed(0)
+for name, make, args in (("rmsnorm", lambda: RMSNorm(12), (torch.randn(3, 2, 5, 12),)),
+                         ("gated", lambda: GatedNorm(8), (torch.randn(3, 2, 4, 5, 8), torch.randn(3, 2, 5, 32)))):
+    ms = [make() for _ in range(3)]
+    for m in ms:
+        torch.nn.init.normal_(m.weight, 1.0, 0.2)
+    params, bufs = stack_module_state(ms)
+    args = tuple(a.requires_grad_() for a in args)
+    calls.clear()
+    with folding():
+        y = vmap(lambda p, b, *a: functional_call(ms[0], (p, b), a))(params, bufs, *args)
+    got = torch.autograd.grad(y.square().sum(), (*args, params["weight"]))
+    ncalls = list(calls)
+    ref = torch.stack([m(*(a[k] for a in args)) for k, m in enumerate(ms)])
+    want = torch.autograd.grad(ref.square().sum(), (*args, *[m.weight for m in ms]))
+    want = (*want[:len(args)], torch.stack(want[len(args):]))
+    out[name] = dict(calls=ncalls, out=float((y - ref).abs().max()),
+                     grads=[float((a - b).abs().max()) for a, b in zip(got, want)])
+print("RESULT", json.dumps(out))
+"""
+
+TRAINING = PRELUDE + r"""
+from mixzoo.models import RECIPES, ModelConfig
+from mixzoo.tasks.mqar import MQAR
+from mixzoo.train import TrainConfig, train
+from mixzoo.train.stacked import train_stacked
+from mixzoo.kernels import rmsnorm_triton, rope_triton, swiglu_triton
+seen = set()
+for mod, fn in ((rmsnorm_triton, "forward"), (swiglu_triton, "forward"), (rope_triton, "rotate")):
+    f = getattr(mod, fn)
+    setattr(mod, fn, (lambda f, name: lambda *a: seen.add(name) or f(*a))(f, mod.__name__))
+task = MQAR(V=32, L=16, kv=2)
+mcfg = ModelConfig(**{**RECIPES["mad"], "d_model": 16, "num_heads": 2})
+base = dict(steps=6, batch_size=4, eval_every=3, n_train=24, n_val=8, n_test=8, eval_batch_size=8)
+cfgs = [TrainConfig(lr=lr, weight_decay=wd, **base) for lr, wd in ((3e-3, 0.1), (1e-2, 0.0))]
+solo = [train(task, "softmax", {}, mcfg, c, seed=s, device="cpu") for c, s in zip(cfgs, (0, 1))]
+stacked = train_stacked(task, "softmax", {}, mcfg, cfgs, (0, 1), device="cpu")
+out = dict(kernels=sorted(seen), modes=[r.step_mode for r in stacked],
+           solo=[[h["train_loss"] for h in r.history] + [r.test["accuracy"]] for r in solo],
+           stacked=[[h["train_loss"] for h in r.history] + [r.test["accuracy"]] for r in stacked])
+print("RESULT", json.dumps(out))
+"""
+
+
+def _run(script: str, extra_env: dict | None = None) -> dict:
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1", **(extra_env or {})}
+    code = script.replace("@BENCH@", repr(str(ROOT / "benchmarks"))).replace("@ROOT@", repr(str(ROOT)))
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads([x for x in p.stdout.splitlines() if x.startswith("RESULT ")][-1][len("RESULT "):])
+
+
+def test_kernels_against_float64_and_folded_under_vmap():
+    r = _run(KERNELS)
+    assert r["usable"] is True
+    for case, res in r.items():
+        if case in ("usable", "rmsnorm", "gated"):
+            continue
+        k, t = res["kernel"], res["torch"]
+        assert k["dtype"] == "torch.float32" and k["gdtype"] == f"torch.{case.split()[0]}", (case, res)
+        for q in ("out", "dx", "dw"):         # float32 arithmetic either way; the bf16 cases' dx is rounded once
+            assert k[q] <= max(2 * t[q], 1e-6), (case, q, res)
+    assert r["rmsnorm"]["calls"] == [[3, 10, 12]], r["rmsnorm"]        # 3 models x 2 x 5 rows, one call
+    assert r["gated"]["calls"] == [[3, 40, 8]], r["gated"]             # 3 models x 2 x 5 x 4 heads
+    for name in ("rmsnorm", "gated"):
+        assert r[name]["out"] < 1e-5 and max(r[name]["grads"]) < 1e-4, r[name]
+
+
+def test_a_stacked_run_with_the_kernels_gives_each_run_s_numbers():
+    r = _run(TRAINING)
+    assert r["kernels"] == ["mixzoo.kernels.rmsnorm_triton", "mixzoo.kernels.rope_triton",
+                            "mixzoo.kernels.swiglu_triton"], r
+    assert r["modes"] == ["stacked", "stacked"], r
+    for a, b in zip(r["solo"], r["stacked"]):
+        for x, y in zip(a, b):
+            assert abs(x - y) <= 1e-4 * max(abs(x), 1e-3), (a, b)
+
+
+def test_off_the_gpu_the_norms_run_their_pytorch_forms():
+    import torch.nn.functional as F
+
+    from mixzoo.kernels import rmsnorm
+    from mixzoo.models._parts import GatedNorm
+    from mixzoo.models.common import RMSNorm
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("the interpreter is on in this process")
+    x = torch.randn(2, 5, 12)
+    assert not rmsnorm.runs_on(x)
+    n = RMSNorm(12)
+    torch.nn.init.normal_(n.weight)
+    assert torch.equal(n(x), F.rms_norm(x, (12,), eps=n.eps) * n.weight)
+    gn = GatedNorm(8)
+    o, gate = torch.randn(2, 4, 5, 8), torch.randn(2, 5, 32)
+    want = F.rms_norm(o.transpose(1, 2), (8,), gn.weight, gn.eps).reshape(2, 5, 32) * F.silu(gate)
+    assert torch.equal(gn(o, gate), want)
