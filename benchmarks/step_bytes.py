@@ -29,7 +29,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def count(mixer: str, batch: int = 128, device: str = "cpu") -> dict:
+# mixzoo's backbone kernels: (module, launcher) pairs whose outputs count as one operator each
+KERNELS = (("mixzoo.kernels.swiglu_triton", "forward"), ("mixzoo.kernels.swiglu_triton", "backward"),
+           ("mixzoo.kernels.rmsnorm_triton", "forward"), ("mixzoo.kernels.rmsnorm_triton", "backward"),
+           ("mixzoo.kernels.rope_triton", "rotate"))
+
+
+def count(mixer: str, batch: int = 128, device: str = "cpu", kernels: bool = False) -> dict:
+    """``kernels``: the step as a GPU runs it with mixzoo's backbone kernels (Triton's interpreter, which
+    must be on: ``TRITON_INTERPRET=1`` before triton is imported); each launch counts as one operator
+    writing its outputs, the interpreter's own tensor traffic inside it not at all."""
+    import importlib
+
     import torch
     from layer_bytes import VIEWS
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -68,15 +79,24 @@ def count(mixer: str, batch: int = 128, device: str = "cpu") -> dict:
         m.register_full_backward_pre_hook(lambda mod, g, p=p: where.append("bwd " + p) and None)
         m.register_full_backward_hook(lambda mod, gi, go, p=p: where.pop() and None)
 
+    paused = [False]
+
     class Log(TorchDispatchMode):
         def __init__(self):
             super().__init__()
             self.bytes, self.calls = collections.Counter(), collections.Counter()
 
+        def add(self, out):
+            key = where[-1] if where else phase[0]
+            for o in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(o, torch.Tensor):
+                    self.bytes[key] += o.numel() * o.element_size()
+            self.calls[key] += 1
+
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             op = str(func.overloadpacket).split(".")[-1]
-            if op not in VIEWS:
+            if op not in VIEWS and not paused[0]:
                 key = where[-1] if where else phase[0]
                 for o in out if isinstance(out, (tuple, list)) else [out]:
                     if isinstance(o, torch.Tensor):
@@ -98,23 +118,57 @@ def count(mixer: str, batch: int = 128, device: str = "cpu") -> dict:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-    step()                                # first step: lazy state (optimizer moments, cached masks)
-    with Log() as log:
-        step()
+    log = Log()
+    saved = []
+    if kernels:
+        import os
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            raise SystemExit("step_bytes --kernels: run with TRITON_INTERPRET=1 (set before triton is imported)")
+        for mod_name, fn in KERNELS:
+            mod = importlib.import_module(mod_name)
+            f = getattr(mod, fn)
+
+            def counted(*a, f=f, **k):
+                paused[0] = True
+                try:
+                    out = f(*a, **k)
+                finally:
+                    paused[0] = False
+                if logging[0]:
+                    log.add(out)
+                return out
+            saved.append((mod, fn, f))
+            setattr(mod, fn, counted)
+    logging = [False]
+    try:
+        step()                            # first step: lazy state (optimizer moments, cached masks, self-checks)
+        logging[0] = True
+        with log:
+            step()
+    finally:
+        for mod, fn, f in saved:
+            setattr(mod, fn, f)
     backend = next((getattr(m, "backend", None) for m in model.modules() if hasattr(m, "backend")), "?")
-    return {"mixer": mixer, "backend": backend, "batch": batch, "bytes": dict(log.bytes), "calls": dict(log.calls)}
+    return {"mixer": mixer, "backend": backend, "batch": batch, "kernels": kernels, "bytes": dict(log.bytes),
+            "calls": dict(log.calls)}
 
 
 def main(argv=None) -> int:
     import warnings
     warnings.filterwarnings("ignore", message="Full backward hook is firing")   # modules whose inputs need no grad
     from layer_bytes import arg_parser
-    a = arg_parser(__doc__).parse_args(argv)
+    ap = arg_parser(__doc__)
+    ap.add_argument("--kernels", action="store_true",
+                    help="with mixzoo's backbone kernels, in Triton's interpreter (set TRITON_INTERPRET=1)")
+    a = ap.parse_args(argv)
+    if a.kernels:
+        import lla_small_ridge  # noqa: F401  the interpreter with the H200's numerics
+        lla_small_ridge.emulate_gpu_numerics()
     for m in a.mixers:
-        r = count(m, a.batch, a.device)
+        r = count(m, a.batch, a.device, kernels=a.kernels)
         by, calls = collections.Counter(r["bytes"]), r["calls"]
         total = sum(by.values())
-        print(f"{m} ({r['backend']}), batch {a.batch}: {sum(calls.values())} operators, "
+        print(f"{m} ({r['backend']}{', mixzoo kernels' if a.kernels else ''}), batch {a.batch}: {sum(calls.values())} operators, "
               f"{total / 2**20:.0f} MiB written in one training step")
         for key, n in by.most_common(a.top):
             print(f"  {key:24s} {calls[key]:5d} ops {n / 2**20:9.1f} MiB  {100 * n / total:5.1f} %")

@@ -250,3 +250,29 @@ def test_step_bytes_attributes_a_whole_step_on_the_cpu():
     for key in ("fwd mixer", "bwd mixer", "fwd mlp", "bwd mlp", "fwd norm1", "bwd norm1", "loss", "clip + optimizer"):
         assert by.get(key, 0) > 0, (key, by)
     assert by.get("?", 0) == 0                         # every operator ran inside a known module or phase
+
+
+def test_step_bytes_counts_the_backbone_kernels_as_their_outputs():
+    """``step_bytes.py --kernels`` (Triton's interpreter): each of mixzoo's backbone kernels is one
+    operator writing its outputs; the step writes less than with the PyTorch forms."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    pytest.importorskip("triton")
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "step_bytes.py"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MIXZOO_")}
+    runs = {}
+    for flag, extra in (("--kernels", {"TRITON_INTERPRET": "1"}), (None, {})):
+        p = subprocess.run([sys.executable, str(script), "softmax", "--batch", "2", "--top", "30",
+                            *([flag] if flag else [])], capture_output=True, text=True, env={**env, **extra},
+                           timeout=600)
+        assert p.returncode == 0, p.stderr[-2000:]
+        runs[flag] = p.stdout
+    head = lambda out: out.splitlines()[0]                                          # noqa: E731
+    assert "mixzoo kernels" in head(runs["--kernels"]) and "mixzoo kernels" not in head(runs[None])
+    mib = lambda out: float(head(out).split(" operators, ")[1].split(" MiB")[0])   # noqa: E731
+    ops = lambda out: int(head(out).split(": ")[1].split(" operators")[0])          # noqa: E731
+    assert mib(runs["--kernels"]) < mib(runs[None]) and ops(runs["--kernels"]) < ops(runs[None])
+    norm = [ln for ln in runs["--kernels"].splitlines() if ln.strip().startswith("fwd norm1")]
+    assert norm and int(norm[0].split()[2]) <= 2, runs["--kernels"]               # one launch (and its output's use)
