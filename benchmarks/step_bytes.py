@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 # mixzoo's backbone kernels: (module, launcher) pairs whose outputs count as one operator each
 KERNELS = (("mixzoo.kernels.swiglu_triton", "forward"), ("mixzoo.kernels.swiglu_triton", "backward"),
            ("mixzoo.kernels.rmsnorm_triton", "forward"), ("mixzoo.kernels.rmsnorm_triton", "backward"),
-           ("mixzoo.kernels.rope_triton", "rotate"))
+           ("mixzoo.kernels.rope_triton", "rotate"), ("mixzoo.kernels.causal_conv_triton", "forward"),
+           ("mixzoo.kernels.causal_conv_triton", "backward"))
 
 
 def count(mixer: str, batch: int = 128, device: str = "cpu", kernels: bool = False) -> dict:

@@ -3,7 +3,8 @@ interpreter with the H200's numerics (benchmarks/lla_small_ridge.py; a fresh pro
 interpreter being switched on before triton is imported): against float64, beside the PyTorch form;
 stacked models' norms as one call with their K weights (vmap under ``folding()``); and a whole stacked
 training run with the mad recipe (these kernels and the SwiGLU ones in every block) giving each run's
-numbers (softmax: the rotary-embedding kernel too). Off the GPU (no interpreter) the model's norms
+numbers (softmax: the rotary-embedding kernel too; gdn: the short-convolution kernel and the gated
+output norm). Off the GPU (no interpreter) the model's norms
 run their PyTorch forms, unchanged."""
 import json
 import os
@@ -79,20 +80,24 @@ from mixzoo.models import RECIPES, ModelConfig
 from mixzoo.tasks.mqar import MQAR
 from mixzoo.train import TrainConfig, train
 from mixzoo.train.stacked import train_stacked
-from mixzoo.kernels import rmsnorm_triton, rope_triton, swiglu_triton
+from mixzoo.kernels import causal_conv_triton, rmsnorm_triton, rope_triton, swiglu_triton
 seen = set()
-for mod, fn in ((rmsnorm_triton, "forward"), (swiglu_triton, "forward"), (rope_triton, "rotate")):
+for mod, fn in ((rmsnorm_triton, "forward"), (swiglu_triton, "forward"), (rope_triton, "rotate"),
+                (causal_conv_triton, "forward")):
     f = getattr(mod, fn)
-    setattr(mod, fn, (lambda f, name: lambda *a: seen.add(name) or f(*a))(f, mod.__name__))
+    setattr(mod, fn, (lambda f, name: lambda *a, **k: seen.add(name.split(".")[-1]) or f(*a, **k))(f, mod.__name__))
 task = MQAR(V=32, L=16, kv=2)
 mcfg = ModelConfig(**{**RECIPES["mad"], "d_model": 16, "num_heads": 2})
-base = dict(steps=6, batch_size=4, eval_every=3, n_train=24, n_val=8, n_test=8, eval_batch_size=8)
+base = dict(steps=4, batch_size=4, eval_every=2, n_train=16, n_val=8, n_test=8, eval_batch_size=8)
 cfgs = [TrainConfig(lr=lr, weight_decay=wd, **base) for lr, wd in ((3e-3, 0.1), (1e-2, 0.0))]
-solo = [train(task, "softmax", {}, mcfg, c, seed=s, device="cpu") for c, s in zip(cfgs, (0, 1))]
-stacked = train_stacked(task, "softmax", {}, mcfg, cfgs, (0, 1), device="cpu")
-out = dict(kernels=sorted(seen), modes=[r.step_mode for r in stacked],
-           solo=[[h["train_loss"] for h in r.history] + [r.test["accuracy"]] for r in solo],
-           stacked=[[h["train_loss"] for h in r.history] + [r.test["accuracy"]] for r in stacked])
+out = {}
+for mixer in ("softmax", "gdn"):
+    seen.clear()
+    solo = [train(task, mixer, {}, mcfg, c, seed=s, device="cpu") for c, s in zip(cfgs, (0, 1))]
+    stacked = train_stacked(task, mixer, {}, mcfg, cfgs, (0, 1), device="cpu")
+    out[mixer] = dict(kernels=sorted(seen), modes=[r.step_mode for r in stacked],
+                      solo=[[h["train_loss"] for h in r.history] + [r.test["accuracy"]] for r in solo],
+                      stacked=[[h["train_loss"] for h in r.history] + [r.test["accuracy"]] for r in stacked])
 print("RESULT", json.dumps(out))
 """
 
@@ -124,12 +129,14 @@ def test_kernels_against_float64_and_folded_under_vmap():
 
 def test_a_stacked_run_with_the_kernels_gives_each_run_s_numbers():
     r = _run(TRAINING)
-    assert r["kernels"] == ["mixzoo.kernels.rmsnorm_triton", "mixzoo.kernels.rope_triton",
-                            "mixzoo.kernels.swiglu_triton"], r
-    assert r["modes"] == ["stacked", "stacked"], r
-    for a, b in zip(r["solo"], r["stacked"]):
-        for x, y in zip(a, b):
-            assert abs(x - y) <= 1e-4 * max(abs(x), 1e-3), (a, b)
+    want = {"softmax": ["rmsnorm_triton", "rope_triton", "swiglu_triton"],
+            "gdn": ["causal_conv_triton", "rmsnorm_triton", "swiglu_triton"]}
+    for mixer, res in r.items():
+        assert res["kernels"] == want[mixer], (mixer, res)
+        assert res["modes"] == ["stacked", "stacked"], (mixer, res)
+        for a, b in zip(res["solo"], res["stacked"]):
+            for x, y in zip(a, b):
+                assert abs(x - y) <= 1e-4 * max(abs(x), 1e-3), (mixer, a, b)
 
 
 def test_off_the_gpu_the_norms_run_their_pytorch_forms():

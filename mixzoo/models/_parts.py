@@ -18,7 +18,7 @@ class ConvAct(nn.Module):
         self.conv = ShortConv(channels, kernel_size)
 
     def forward(self, x):
-        return F.silu(self.conv(x))
+        return self.conv(x, silu=True)
 
 
 class GatedNorm(nn.Module):

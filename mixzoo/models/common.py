@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels import causal_conv as _conv
 from ..kernels import rmsnorm as _rmsnorm
 from ..kernels import rope as _rope
 from . import _fla
@@ -57,17 +58,21 @@ class ShortConv(nn.Module):
         self.conv = nn.Conv1d(channels, channels, kernel_size, groups=channels,
                               padding=kernel_size - 1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, silu: bool = False) -> torch.Tensor:
+        """The convolution (then SiLU with ``silu``): mixzoo's Triton kernels on a GPU
+        (``mixzoo.kernels.causal_conv``), else ``F.conv1d``."""
         T = x.shape[1]
         w, b = self.conv.weight, self.conv.bias
+        if _conv.runs_on(x):
+            return _fla._op("mixzoo.kernels.causal_conv", "causal_conv")(x, w.squeeze(1), b, silu)   # folded when stacking
         # autocast's casts of conv1d's operands do not reach the call under vmap (stacked training
         # runs K models as one: on CPU the conv then runs in float32, on CUDA it fails on a bf16
         # input with a float32 bias), so they are made here, as autocast makes them
         if torch.is_autocast_enabled(x.device.type):
             dt = torch.get_autocast_dtype(x.device.type)
             x, w, b = x.to(dt), w.to(dt), b.to(dt)
-        y = F.conv1d(x.transpose(1, 2), w, b, padding=self.k - 1, groups=self.conv.groups)
-        return y[..., :T].transpose(1, 2)
+        y = F.conv1d(x.transpose(1, 2), w, b, padding=self.k - 1, groups=self.conv.groups)[..., :T].transpose(1, 2)
+        return F.silu(y) if silu else y
 
 
 class RMSNorm(nn.Module):

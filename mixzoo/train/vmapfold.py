@@ -28,8 +28,8 @@ ordinary training.
 
 ``folding()`` installs them for the duration of a block: on ``F.scaled_dot_product_attention``, on
 ``F.rms_norm`` and on every entry point mixzoo's mechanisms look up through ``mixzoo.models._fla._op``
-(they call it on each forward: fla's ops, LLA's Triton kernel, mixzoo's SwiGLU, RMS-norm and
-rotary-embedding kernels). The long-term home of the
+(they call it on each forward: fla's ops, LLA's Triton kernel, mixzoo's SwiGLU, RMS-norm,
+rotary-embedding and short-convolution kernels). The long-term home of the
 entry points' wrapping is ``mixzoo/models/_fla.py`` itself (its ``_op`` returning ``foldable(...)``);
 it lives here so that stacking needs no change to the models.
 
@@ -69,6 +69,7 @@ SPECS: dict[str, FoldSpec] = {
     "chunk_gated_delta_rule": FoldSpec(frozenset({"A_log", "dt_bias"})),   # if not rewritten (REWRITES)
     "chunk_mesa_net": FoldSpec(frozenset({"lamb"})),
     "lla": FoldSpec(head_axis=1),           # mixzoo.kernels.lla.triton_lla.lla: (B, H, T, D)
+    "causal_conv": FoldSpec(frozenset({"weight", "bias"})),   # mixzoo.kernels.causal_conv: (B, T, C), K*C channels
 }
 
 

@@ -250,3 +250,72 @@ def test_a_stacked_softmax_layer_folds_the_rope_kernel(monkeypatch):
             y = vmap(lambda p, b, xi: functional_call(ms[0], (p, b), (xi,)))(params, bufs, x)
     assert calls == [(32, 16, 128, 8)] * 2
     torch.testing.assert_close(y.float(), ref.float(), rtol=2e-2, atol=2e-3)
+
+
+def test_short_convolution_kernels_match_fold_and_are_timed(monkeypatch):
+    """gdn's ConvAct at the mad recipe (128 x 128 tokens, 3 x 128 channels, width 4) under bf16
+    autocast: the kernels against float64 beside the PyTorch form; 4 stacked models as one call; both
+    forms timed forward+backward, one model and 16 stacked (where PyTorch's depthwise weight gradient
+    was slow), printed."""
+    from torch.func import functional_call, stack_module_state, vmap
+
+    from mixzoo.kernels import causal_conv as C
+    from mixzoo.kernels import causal_conv_triton
+    from mixzoo.models._parts import ConvAct
+    from mixzoo.train.vmapfold import folding
+    assert C.usable(torch.cuda.current_device())
+    torch.manual_seed(0)
+    m = ConvAct(384, 4).cuda()
+    conv = m.conv.conv
+    x = torch.randn(128, 128, 384, device="cuda")
+    dy = torch.randn(128, 128, 384, device="cuda")
+    ins = [x.double().requires_grad_(), conv.weight.detach().double().squeeze(1).requires_grad_(),
+           conv.bias.detach().double().requires_grad_()]
+    want = C.causal_conv_torch(*ins, True)
+    wants = torch.autograd.grad(want, ins, dy.double())
+    errs, t = {}, {}
+    for form, env in (("kernel", None), ("torch", "torch")):
+        if env:
+            monkeypatch.setenv("MIXZOO_CONV", env)
+        xx = x.clone().requires_grad_()
+        m.zero_grad()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = m(xx)
+        y.float().backward(dy)
+        errs[form] = [_rel(y, want.detach()), _rel(xx.grad, wants[0]), _rel(conv.weight.grad.squeeze(1), wants[1]),
+                      _rel(conv.bias.grad, wants[2])]
+
+        def one(xx=xx):
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                m(xx).backward(dy.bfloat16())
+        t[f"one model, {form}"] = _timed(one)
+        ms = [ConvAct(384, 4).cuda() for _ in range(16)]
+        params, bufs = stack_module_state(ms)
+        xs = torch.randn(16, 128, 128, 384, device="cuda", requires_grad=True)
+        dys = torch.randn(16, 128, 128, 384, device="cuda").bfloat16()
+
+        def stacked(ms=ms, params=params, bufs=bufs, xs=xs, dys=dys):
+            with torch.autocast("cuda", dtype=torch.bfloat16), folding():
+                y = vmap(lambda p, b, xi: functional_call(ms[0], (p, b), (xi,)))(params, bufs, xs)
+            y.backward(dys)
+        t[f"16 stacked, {form}"] = _timed(stacked, iters=10)
+    monkeypatch.delenv("MIXZOO_CONV", raising=False)
+    print("\nConvAct(384, 4) bf16 against float64, out / dx / dw / db: kernel "
+          + " / ".join(f"{e:.1e}" for e in errs["kernel"]) + ", PyTorch form " + " / ".join(f"{e:.1e}" for e in errs["torch"])
+          + "; forward+backward ms: " + "; ".join(f"{k} {v:.3f}" for k, v in t.items()))
+    for a, b in zip(errs["kernel"], errs["torch"]):
+        assert a <= 1.1 * b + 1e-6
+    calls = []
+    fwd = causal_conv_triton.forward
+    monkeypatch.setattr(causal_conv_triton, "forward", lambda x, *a: calls.append(tuple(x.shape)) or fwd(x, *a))
+    ms = [ConvAct(384, 4).cuda() for _ in range(4)]
+    params, bufs = stack_module_state(ms)
+    xs = torch.randn(4, 8, 128, 384, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        ref = torch.stack([mm(xi) for mm, xi in zip(ms, xs)])
+        calls.clear()
+        with folding():
+            y = vmap(lambda p, b, xi: functional_call(ms[0], (p, b), (xi,)))(params, bufs, xs)
+    assert calls == [(8, 128, 4 * 384)]
+    torch.testing.assert_close(y.float(), ref.float(), rtol=2e-2, atol=2e-3)
+    assert t["one model, kernel"] < t["one model, torch"] and t["16 stacked, kernel"] < t["16 stacked, torch"]

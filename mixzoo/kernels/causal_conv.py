@@ -1,0 +1,126 @@
+"""The short causal depthwise convolution of gdn, Mamba, MesaNet, Hyena and the based recipe,
+y_t = b + sum_j w_j x_{t-W+1+j} per channel (optionally SiLU of it), as Triton kernels: one forward,
+two backward (SiLU's derivative with the weight's and bias's gradients, then the input's).
+
+PyTorch runs it as a transposed copy, a padded ``conv1d`` whose output is sliced and transposed back,
+and SiLU, and backward as their gradients, the weight's through a slow depthwise kernel: under
+stacking (K models' weights as K·C groups) the depthwise weight-gradient kernel alone took about 2 ms
+of a stacked gdn step on an H200 (benchmarks/h200-2026-12-01/profile_step-7928ea8.md). The kernels
+read (B, T, C) as the projection writes it and write the output once; everything in float32 from
+the bf16 input and the float32 weight, one rounding to the output dtype (autocast's where it is on).
+
+``causal_conv`` runs them for a CUDA tensor (or under Triton's interpreter, ``TRITON_INTERPRET=1``)
+once they have matched ``causal_conv_torch`` on that device (``usable``); ``runs_on(x)`` says whether
+they will, so the model keeps its PyTorch form otherwise (on the CPU its numbers are unchanged).
+``MIXZOO_CONV=torch`` turns them off, and so does ``torch.compile``. Under ``torch.func.vmap`` the K
+models' channels are one call (``mixzoo.train.vmapfold``, SPECS["causal_conv"]: the weights fold into
+the channels). Imports nothing of mixzoo.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+import torch.nn.functional as F
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def causal_conv_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu: bool) -> torch.Tensor:
+    """The reference in float32 (float64 for float64 x): x (B, T, C), weight (C, W), bias (C,)."""
+    cdt = torch.float64 if x.dtype == torch.float64 else torch.float32
+    W, T = weight.shape[1], x.shape[1]
+    y = F.conv1d(x.to(cdt).transpose(1, 2), weight.to(cdt).unsqueeze(1), None if bias is None else bias.to(cdt),
+                 padding=W - 1, groups=x.shape[2])[..., :T].transpose(1, 2)
+    return F.silu(y) if silu else y
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def runs_on(x: torch.Tensor) -> bool:
+    """Whether ``causal_conv`` of x (B, T, C) takes the kernels (x may be a tensor vmap batches)."""
+    return (os.environ.get("MIXZOO_CONV") != "torch" and (x.is_cuda or _interpreting()) and x.dim() == 3
+            and x.dtype in _DTYPES and not torch.compiler.is_compiling()
+            and usable((x.device.index or 0) if x.is_cuda else -1))
+
+
+def _out_dtype(x: torch.Tensor) -> torch.dtype:
+    kind = x.device.type
+    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else x.dtype
+
+
+class _Conv(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, silu, out_dtype):
+        from . import causal_conv_triton as K
+        x, weight = x.contiguous(), weight.contiguous()
+        bias = bias.contiguous() if bias is not None else None
+        ctx.save_for_backward(x, weight, bias)
+        ctx.silu, ctx.has_bias = silu, bias is not None
+        return K.forward(x, weight, bias, silu, out_dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        from . import causal_conv_triton as K
+        x, weight, bias = ctx.saved_tensors
+        dx, dw, db = K.backward(x, weight, bias if ctx.has_bias else None, ctx.silu, dy.contiguous())
+        return dx, dw.to(weight.dtype), (db.to(bias.dtype) if ctx.has_bias else None), None, None
+
+
+def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu: bool) -> torch.Tensor:
+    """x (B, T, C), weight (C, W), bias (C,) or None -> (B, T, C) in autocast's dtype (else x's)."""
+    if torch._C._are_functorch_transforms_active() or not runs_on(x):
+        return causal_conv_torch(x, weight, bias, silu).to(_out_dtype(x))
+    return _Conv.apply(x, weight, bias, bool(silu), _out_dtype(x))
+
+
+_CHECKED: dict[int, bool] = {}
+
+
+def usable(device_index: int = 0) -> bool:
+    """Whether the kernels give ``causal_conv_torch``'s output and gradients on this device (checked
+    once per device: float32 and bf16, with and without bias and SiLU, a length that is not a
+    multiple of the kernels' block, widths 4 and 3). Inside a CUDA graph capture the check cannot run:
+    False for that call only, not remembered."""
+    if device_index in _CHECKED:
+        return _CHECKED[device_index]
+    if not _interpreting() and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        return False
+    try:
+        off = torch._C._DisableFuncTorch()
+    except AttributeError:
+        off = contextlib.nullcontext()
+    with off:
+        ok = _matches_here(device_index)
+    _CHECKED[device_index] = ok
+    return ok
+
+
+def _matches_here(device_index: int) -> bool:
+    try:
+        from . import causal_conv_triton as K
+        dev = torch.device("cuda", device_index) if device_index >= 0 else torch.device("cpu")
+        gen = torch.Generator(device="cpu").manual_seed(0)
+        for dt, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
+            for W, silu, has_bias in ((4, True, True), (3, False, False)):
+                x = torch.randn(2, 45, 70, generator=gen).to(dt).to(dev)
+                w = (torch.randn(70, W, generator=gen) * 0.5).to(dev)
+                b = (torch.randn(70, generator=gen) * 0.1).to(dev) if has_bias else None
+                dy = torch.randn(2, 45, 70, generator=gen).to(dev)
+                ins = [t.double().requires_grad_() for t in (x, w) + ((b,) if has_bias else ())]
+                want = causal_conv_torch(ins[0], ins[1], ins[2] if has_bias else None, silu)
+                wants = torch.autograd.grad(want, ins, dy.double())
+                got = K.forward(x.contiguous(), w, b, silu, torch.float32)
+                gots = K.backward(x.contiguous(), w, b, silu, dy)
+                pairs = [(got, want.detach())] + list(zip(gots, wants))
+                for a, ref in pairs:
+                    if a is None or a.shape != ref.shape:
+                        return False
+                    if float((a.double() - ref).norm() / ref.norm().clamp_min(1e-30)) > tol:
+                        return False
+        return True
+    except Exception:
+        return False

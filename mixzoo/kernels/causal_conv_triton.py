@@ -1,0 +1,127 @@
+"""The Triton kernels behind ``mixzoo.kernels.causal_conv`` (imported only when they are to run).
+
+x (B, T, C) contiguous, weight (C, W), bias (C,): one program per (sequence, block of channels) runs
+along the sequence in blocks of positions (so the weight's and bias's gradients are summed over the
+positions inside the program, deterministically, and over the sequences by the caller)."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _fwd_kernel(x, w, bias, y, T, C, W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+                BT: tl.constexpr, BC: tl.constexpr):
+    b, cb = tl.program_id(0), tl.program_id(1)
+    c = cb * BC + tl.arange(0, BC)
+    mc = c < C
+    base = b.to(tl.int64) * T * C
+    bv = tl.zeros([BC], tl.float32)
+    if HAS_BIAS:
+        bv += tl.load(bias + c, mask=mc, other=0.).to(tl.float32)
+    for t0 in tl.range(0, T, BT):
+        t = t0 + tl.arange(0, BT)
+        z = tl.zeros([BT, BC], tl.float32) + bv[None, :]
+        for j in tl.static_range(W):
+            tt = t - (W - 1) + j
+            m = ((tt >= 0) & (tt < T))[:, None] & mc[None, :]
+            xv = tl.load(x + base + tt.to(tl.int64)[:, None] * C + c[None, :], mask=m, other=0.).to(tl.float32)
+            wj = tl.load(w + c * W + j, mask=mc, other=0.).to(tl.float32)
+            z += xv * wj[None, :]
+        if SILU:
+            z = z * tl.sigmoid(z)
+        m = (t < T)[:, None] & mc[None, :]
+        tl.store(y + base + t.to(tl.int64)[:, None] * C + c[None, :], z.to(y.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _dz_kernel(x, w, bias, dy, dz, dwp, dbp, T, C, W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+               BT: tl.constexpr, BC: tl.constexpr):
+    """dz = dy silu'(z) (z recomputed), and per sequence the sums over positions of dz x (dw) and dz (db)."""
+    b, cb = tl.program_id(0), tl.program_id(1)
+    c = cb * BC + tl.arange(0, BC)
+    mc = c < C
+    base = b.to(tl.int64) * T * C
+    bv = tl.zeros([BC], tl.float32)
+    if HAS_BIAS:
+        bv += tl.load(bias + c, mask=mc, other=0.).to(tl.float32)
+    db = tl.zeros([BC], tl.float32)
+    for t0 in tl.range(0, T, BT):
+        t = t0 + tl.arange(0, BT)
+        m = (t < T)[:, None] & mc[None, :]
+        g = tl.load(dy + base + t.to(tl.int64)[:, None] * C + c[None, :], mask=m, other=0.).to(tl.float32)
+        if SILU:
+            z = tl.zeros([BT, BC], tl.float32) + bv[None, :]
+            for j in tl.static_range(W):
+                tt = t - (W - 1) + j
+                mj = ((tt >= 0) & (tt < T))[:, None] & mc[None, :]
+                xv = tl.load(x + base + tt.to(tl.int64)[:, None] * C + c[None, :], mask=mj, other=0.).to(tl.float32)
+                z += xv * tl.load(w + c * W + j, mask=mc, other=0.).to(tl.float32)[None, :]
+            s = tl.sigmoid(z)
+            g = g * (s + z * s * (1. - s))
+        g = tl.where(m, g, 0.)
+        tl.store(dz + base + t.to(tl.int64)[:, None] * C + c[None, :], g, mask=m)
+        db += tl.sum(g, axis=0)
+    tl.store(dbp + b.to(tl.int64) * C + c, db, mask=mc)
+    for j in tl.static_range(W):                      # dw[c, j] = sum_t dz[t] x[t - (W - 1) + j]
+        acc = tl.zeros([BC], tl.float32)
+        for t0 in tl.range(0, T, BT):
+            t = t0 + tl.arange(0, BT)
+            tt = t - (W - 1) + j
+            m = (t < T)[:, None] & mc[None, :]
+            mj = m & (tt >= 0)[:, None]
+            g = tl.load(dz + base + t.to(tl.int64)[:, None] * C + c[None, :], mask=m, other=0.)
+            xv = tl.load(x + base + tt.to(tl.int64)[:, None] * C + c[None, :], mask=mj, other=0.).to(tl.float32)
+            acc += tl.sum(g * xv, axis=0)
+        tl.store(dwp + (b.to(tl.int64) * W + j) * C + c, acc, mask=mc)
+
+
+@triton.jit
+def _dx_kernel(dz, w, dx, T, C, W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+    """dx[t] = sum_j w[j] dz[t + (W - 1) - j]."""
+    b, cb = tl.program_id(0), tl.program_id(1)
+    c = cb * BC + tl.arange(0, BC)
+    mc = c < C
+    base = b.to(tl.int64) * T * C
+    for t0 in tl.range(0, T, BT):
+        t = t0 + tl.arange(0, BT)
+        acc = tl.zeros([BT, BC], tl.float32)
+        for j in tl.static_range(W):
+            tt = t + (W - 1) - j
+            m = (tt < T)[:, None] & mc[None, :]
+            g = tl.load(dz + base + tt.to(tl.int64)[:, None] * C + c[None, :], mask=m, other=0.)
+            acc += g * tl.load(w + c * W + j, mask=mc, other=0.).to(tl.float32)[None, :]
+        m = (t < T)[:, None] & mc[None, :]
+        tl.store(dx + base + t.to(tl.int64)[:, None] * C + c[None, :], acc.to(dx.dtype.element_ty), mask=m)
+
+
+BT, BC = 32, 64
+
+
+def forward(x, w, bias, silu: bool, out_dtype):
+    B, T, C = x.shape
+    y = torch.empty(B, T, C, dtype=out_dtype, device=x.device)
+    if B and T and C:
+        _fwd_kernel[(B, triton.cdiv(C, BC))](x, w, bias if bias is not None else w, y, T, C, W=w.shape[1],
+                                             HAS_BIAS=bias is not None, SILU=silu, BT=BT, BC=BC)
+    return y
+
+
+def backward(x, w, bias, silu: bool, dy):
+    """-> dx (x's dtype), dw (C, W) float32, db (C,) float32 or None."""
+    B, T, C = x.shape
+    W = w.shape[1]
+    dz = torch.empty(B, T, C, dtype=torch.float32, device=x.device)
+    dwp = torch.empty(B, W, C, dtype=torch.float32, device=x.device)
+    dbp = torch.empty(B, C, dtype=torch.float32, device=x.device)
+    dx = torch.empty_like(x)
+    if B and T and C:
+        grid = (B, triton.cdiv(C, BC))
+        _dz_kernel[grid](x, w, bias if bias is not None else w, dy, dz, dwp, dbp, T, C, W=W,
+                         HAS_BIAS=bias is not None, SILU=silu, BT=BT, BC=BC)
+        _dx_kernel[grid](dz, w, dx, T, C, W=W, BT=BT, BC=BC)
+    else:
+        dwp.zero_()
+        dbp.zero_()
+    return dx, dwp.sum(0).t().contiguous(), (dbp.sum(0) if bias is not None else None)
