@@ -11,8 +11,9 @@ after silu and after the product): the two agree to the input dtype's rounding
 
 ``swiglu`` takes the kernels for a CUDA tensor (or under Triton's interpreter, ``TRITON_INTERPRET=1``,
 as the CPU tests run them) once they have matched ``swiglu_torch`` on that device (``usable``), else
-``swiglu_torch``; ``MIXZOO_SWIGLU=torch`` asks for ``swiglu_torch``, and so does ``torch.compile``
-(which fuses that form itself). Under ``torch.func.vmap`` it is ``swiglu_torch`` unless the call is
+``swiglu_torch``; ``runs_on(h)`` says whether they will, so the model keeps its PyTorch form
+otherwise. ``MIXZOO_SWIGLU=torch`` asks for ``swiglu_torch``, and so does ``torch.compile`` (which
+fuses that form itself). Under ``torch.func.vmap`` it is ``swiglu_torch`` unless the call is
 folded: stacked training looks ``swiglu`` up through ``mixzoo.models._fla._op``, which
 ``mixzoo.train.vmapfold.folding`` folds, so the K models' rows are one call. Imports nothing of mixzoo.
 """
@@ -50,14 +51,18 @@ class _SwiGLU(torch.autograd.Function):
         return swiglu_triton.backward(h, do.contiguous())
 
 
+def runs_on(h: torch.Tensor) -> bool:
+    """Whether ``swiglu`` of h takes the kernels (h may be a tensor vmap batches)."""
+    return (os.environ.get("MIXZOO_SWIGLU") != "torch" and (h.is_cuda or _interpreting())
+            and h.shape[-1] % 2 == 0 and h.dtype in (torch.float32, torch.bfloat16, torch.float16)
+            and not torch.compiler.is_compiling()                # torch.compile fuses the PyTorch form itself
+            and usable((h.device.index or 0) if h.is_cuda else -1))
+
+
 def swiglu(h: torch.Tensor) -> torch.Tensor:
-    """silu(a) * b for (a, b) = h.chunk(2, -1): the Triton kernels where they run (module docstring),
-    else ``swiglu_torch``."""
-    if (os.environ.get("MIXZOO_SWIGLU") == "torch" or not (h.is_cuda or _interpreting())
-            or h.shape[-1] % 2 or h.dtype not in (torch.float32, torch.bfloat16, torch.float16)
-            or torch._C._are_functorch_transforms_active()
-            or torch.compiler.is_compiling()                   # torch.compile fuses the PyTorch form itself
-            or not usable((h.device.index or 0) if h.is_cuda else -1)):
+    """silu(a) * b for (a, b) = h.chunk(2, -1): the Triton kernels where ``runs_on(h)`` and not under an
+    unfolded vmap, else ``swiglu_torch``."""
+    if torch._C._are_functorch_transforms_active() or not runs_on(h):
         return swiglu_torch(h)
     return _SwiGLU.apply(h)
 

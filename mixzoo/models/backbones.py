@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UsageError
+from ..kernels import swiglu as _swiglu
 from . import _fla
 from .common import RMSNorm, ShortConv
 
@@ -62,8 +63,12 @@ class MLP(nn.Module):
         self.fc2 = nn.Linear(h, d, bias=False)
 
     def forward(self, x):
-        if self.kind == "swiglu":      # silu(a) * b of fc1's halves: fused kernels on a GPU (mixzoo.kernels.swiglu)
-            return self.fc2(_fla._op("mixzoo.kernels.swiglu", "swiglu")(self.fc1(x)))
+        if self.kind == "swiglu":
+            h = self.fc1(x)
+            if _swiglu.runs_on(h):    # silu(a) * b of fc1's halves as mixzoo's kernels (folded when stacking)
+                return self.fc2(_fla._op("mixzoo.kernels.swiglu", "swiglu")(h))
+            a, b = h.chunk(2, dim=-1)
+            return self.fc2(F.silu(a) * b)
         return self.fc2(F.gelu(self.fc1(x)))
 
 
