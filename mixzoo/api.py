@@ -230,7 +230,7 @@ def make_row(spec, task, result, *, run_id: str, study: str | None = None, trial
         "wall_time_s": result.wall_time_s, "train_time_s": result.train_time_s,
         "steps_per_s": result.steps_per_s, "tokens_per_s": result.tokens_per_s,
         "peak_mem_bytes": result.peak_mem_bytes, "device_name": result.device_name,
-        "gpu": result.gpu,
+        "gpu": result.gpu, "kernels": getattr(result, "kernels", None),
         "command": command, "allow_noncausal": spec.allow_noncausal,
         **provenance(),
     }

@@ -96,6 +96,7 @@ for mixer in ("softmax", "gdn"):
     solo = [train(task, mixer, {}, mcfg, c, seed=s, device="cpu") for c, s in zip(cfgs, (0, 1))]
     stacked = train_stacked(task, mixer, {}, mcfg, cfgs, (0, 1), device="cpu")
     out[mixer] = dict(kernels=sorted(seen), modes=[r.step_mode for r in stacked],
+                      recorded=[r.kernels for r in solo + stacked],
                       solo=[[h["train_loss"] for h in r.history] + [r.test["accuracy"]] for r in solo],
                       stacked=[[h["train_loss"] for h in r.history] + [r.test["accuracy"]] for r in stacked])
 print("RESULT", json.dumps(out))
@@ -133,6 +134,8 @@ def test_a_stacked_run_with_the_kernels_gives_each_run_s_numbers():
             "gdn": ["causal_conv_triton", "rmsnorm_triton", "swiglu_triton"]}
     for mixer, res in r.items():
         assert res["kernels"] == want[mixer], (mixer, res)
+        names = ",".join(k.replace("_triton", "") for k in want[mixer])
+        assert res["recorded"] == [names] * 4, (mixer, res)             # each run's result names them
         assert res["modes"] == ["stacked", "stacked"], (mixer, res)
         for a, b in zip(res["solo"], res["stacked"]):
             for x, y in zip(a, b):

@@ -50,7 +50,8 @@ def test_rows_carry_the_whole_spec_and_every_knob(store, capsys):
     # a mechanism knob at its default is recorded: in hparams_json and its typed column
     assert json.loads(lla0["hparams_json"])["ridge"] == 1.0 and lla0["hp_ridge"] == 1.0
     assert lla0["hp_lr"] == 1e-3 and lla0["hp_steps"] == 4 and sm["hp_ridge"] is None
-    assert lla0["setting"] == sm["setting"] == "V=32, L=32, kv=4" and lla0["schema_version"] == 5
+    assert lla0["setting"] == sm["setting"] == "V=32, L=32, kv=4" and lla0["schema_version"] == 6
+    assert lla0["kernels"] is None and sm["kernels"] is None          # the CPU runs no backbone kernel
     assert list(json.loads(lla0["search_space_json"])) == ["lr", "weight_decay", "ridge"]
 
 

@@ -55,7 +55,9 @@ def _out_dtype(x: torch.Tensor) -> torch.dtype:
 class _Conv(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, silu, out_dtype):
+        from . import RAN
         from . import causal_conv_triton as K
+        RAN.add("causal_conv")
         x, weight = x.contiguous(), weight.contiguous()
         bias = bias.contiguous() if bias is not None else None
         ctx.save_for_backward(x, weight, bias)

@@ -45,7 +45,8 @@ class _Grouped(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, w, eps):
-        from . import rmsnorm_triton
+        from . import RAN, rmsnorm_triton
+        RAN.add("rmsnorm")
         x, w = x.contiguous(), w.contiguous()
         y, rstd = rmsnorm_triton.forward(x, w, eps, torch.float32)
         ctx.save_for_backward(x, w, rstd)

@@ -51,7 +51,8 @@ def runs_on(x: torch.Tensor) -> bool:
 class _Rope(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, base):
-        from . import rope_triton
+        from . import RAN, rope_triton
+        RAN.add("rope")
         ctx.base = base
         return rope_triton.rotate(x if x.stride(-1) == 1 else x.contiguous(), base)
 

@@ -39,7 +39,8 @@ def _interpreting() -> bool:
 class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h):
-        from . import swiglu_triton
+        from . import RAN, swiglu_triton
+        RAN.add("swiglu")
         h = h.contiguous()
         ctx.save_for_backward(h)
         return swiglu_triton.forward(h)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 5   # 5: gpu
+SCHEMA_VERSION = 6   # 5: gpu; 6: kernels
 
 # Partition keys: encoded in the directory path (suite=<s>/task=<t>/), not in the files.
 PARTITION_KEYS = ("suite", "task")
@@ -74,6 +74,7 @@ CORE = pa.schema([
     ("fla", pa.string()),
     ("device_name", pa.string()),
     ("gpu", pa.string()),                # the GPU trained on as the host names it (CUDA_VISIBLE_DEVICES entry; schema 5)
+    ("kernels", pa.string()),            # mixzoo's backbone kernels that ran, e.g. "rmsnorm,rope,swiglu"; null: none (schema 6)
     ("hostname", pa.string()),
     ("command", pa.string()),
     ("allow_noncausal", pa.bool_()),     # given --allow-noncausal: the causality check did not gate the run (schema 3)

@@ -88,6 +88,7 @@ class RunResult:
     backend: str = ""
     device_name: str = ""
     gpu: str | None = None                      # the GPU trained on, as the host names it (physical_gpu)
+    kernels: str | None = None                  # mixzoo's backbone kernels that ran (mixzoo.kernels.ran)
     history: list[dict[str, float]] = field(default_factory=list)
     diagnostics: dict[str, float] = field(default_factory=dict)   # mechanism diagnostics at the last validation
 

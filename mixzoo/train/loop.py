@@ -22,6 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .. import kernels
 from ..errors import UsageError
 from ..models import ModelConfig, build_model, mixers_of
 from ..models.backbones import TokenModel
@@ -185,6 +186,7 @@ def train(task: Task, mixer: str, knobs: dict[str, Any] | None = None,
     pl.seed_everything(seed, verbose=False)
     res = RunResult(state="COMPLETE", gpu=physical_gpu(dev),
                     device_name=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu")
+    kernels.reset()
 
     def fail(e: BaseException, what: str) -> None:
         res.state, res.reason = "FAIL", failure_reason(e)
@@ -352,6 +354,7 @@ def train(task: Task, mixer: str, knobs: dict[str, Any] | None = None,
     try:
         mixers = mixers_of(model)
         res.backend = "+".join(sorted({getattr(m, "backend", "torch") for m in mixers}))
+        res.kernels = kernels.ran()
         res.state_size = sum(int(m.state_size(task.seq_len)) for m in mixers
                              if hasattr(m, "state_size"))
     except UsageError:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import kernels
 from ..models import mixers_of
 from ..models.backbones import TokenModel
 from ..tasks.base import Batch, Task
@@ -114,6 +115,7 @@ class Book:
                  log: Callable[[str], None] | None = None):
         self.task, self.cfg, self.precision, self.res = task, cfg, precision, res
         self.on_eval, self.log = on_eval, log
+        kernels.reset()              # before training: what the run's kernels are (finish reads them)
         self.best: dict[str, torch.Tensor] | None = None
         self.best_val: float | None = None
         self.active = True           # still training (not stopped, failed or pruned)
@@ -180,6 +182,7 @@ class Book:
         try:
             mixers = mixers_of(model)
             res.backend = "+".join(sorted({getattr(m, "backend", "torch") for m in mixers}))
+            res.kernels = kernels.ran()
             res.state_size = sum(int(m.state_size(task.seq_len)) for m in mixers if hasattr(m, "state_size"))
         except Exception as e:
             if res.state == "COMPLETE":
