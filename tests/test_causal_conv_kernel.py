@@ -3,23 +3,13 @@ on the CPU in Triton's interpreter with the H200's numerics (benchmarks/lla_smal
 process, the interpreter being switched on before triton is imported): against float64 beside the
 model's PyTorch form under bf16 autocast; folded under vmap (K models' channels in one call). Off the
 GPU the PyTorch form runs, unchanged."""
-import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
+from interp import run_interpreted
 
 SCRIPT = r"""
-import json, os, sys
-sys.path.insert(0, @BENCH@); sys.path.insert(0, @ROOT@)
-import lla_small_ridge as L            # sets TRITON_INTERPRET=1 before triton is imported
-import torch
-L.emulate_gpu_numerics()
 from mixzoo.kernels import causal_conv as C, causal_conv_triton
 from mixzoo.models._parts import ConvAct
 from mixzoo.models.common import ShortConv
@@ -73,13 +63,7 @@ print("RESULT", json.dumps(out))
 
 
 def test_kernels_against_float64_beside_the_pytorch_form_and_folded():
-    pytest.importorskip("triton")
-    env = {k: v for k, v in os.environ.items() if k != "MIXZOO_CONV"}
-    env["TRITON_INTERPRET"] = "1"
-    code = SCRIPT.replace("@BENCH@", repr(str(ROOT / "benchmarks"))).replace("@ROOT@", repr(str(ROOT)))
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
-    r = json.loads([x for x in p.stdout.splitlines() if x.startswith("RESULT ")][-1][len("RESULT "):])
+    r = run_interpreted(SCRIPT, drop=("MIXZOO_CONV",))
     assert r["usable"] is True
     for case, res in r.items():
         if case in ("usable", "vmap"):

@@ -6,26 +6,13 @@ training run with the mad recipe (these kernels and the SwiGLU ones in every blo
 numbers (softmax: the rotary-embedding kernel too; gdn: the short-convolution kernel and the gated
 output norm). Off the GPU (no interpreter) the model's norms
 run their PyTorch forms, unchanged."""
-import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from interp import run_interpreted
 
-ROOT = Path(__file__).resolve().parents[1]
-
-PRELUDE = r"""
-import json, sys
-sys.path.insert(0, @BENCH@); sys.path.insert(0, @ROOT@)
-import lla_small_ridge as L            # sets TRITON_INTERPRET=1 before triton is imported
-import torch
-L.emulate_gpu_numerics()
-"""
-
-KERNELS = PRELUDE + r"""
+KERNELS = r"""
 from mixzoo.kernels import rmsnorm as N, rmsnorm_triton
 out = {"usable": N.usable(-1)}
 g = torch.Generator().manual_seed(0)
@@ -75,7 +62,7 @@ for name, make, args in (("rmsnorm", lambda: RMSNorm(12), (torch.randn(3, 2, 5, 
 print("RESULT", json.dumps(out))
 """
 
-TRAINING = PRELUDE + r"""
+TRAINING = r"""
 from mixzoo.models import RECIPES, ModelConfig
 from mixzoo.tasks.mqar import MQAR
 from mixzoo.train import TrainConfig, train
@@ -103,13 +90,8 @@ print("RESULT", json.dumps(out))
 """
 
 
-def _run(script: str, extra_env: dict | None = None) -> dict:
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1", **(extra_env or {})}
-    code = script.replace("@BENCH@", repr(str(ROOT / "benchmarks"))).replace("@ROOT@", repr(str(ROOT)))
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
-    return json.loads([x for x in p.stdout.splitlines() if x.startswith("RESULT ")][-1][len("RESULT "):])
+def _run(script: str) -> dict:
+    return run_interpreted(script, drop=("MIXZOO_RMSNORM", "MIXZOO_SWIGLU", "MIXZOO_ROPE", "MIXZOO_CONV"))
 
 
 def test_kernels_against_float64_and_folded_under_vmap():

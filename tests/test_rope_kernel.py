@@ -3,24 +3,13 @@ interpreter with the H200's numerics (benchmarks/lla_small_ridge.py; a fresh pro
 being switched on before triton is imported): against float64, beside the model's PyTorch form in the
 same dtype; from the projection's strided view; folded under vmap. Off the GPU the PyTorch form runs,
 unchanged."""
-import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
+from interp import run_interpreted
 
 SCRIPT = r"""
-import json, sys
-sys.path.insert(0, @BENCH@); sys.path.insert(0, @ROOT@)
-import lla_small_ridge as L            # sets TRITON_INTERPRET=1 before triton is imported
-import torch
-L.emulate_gpu_numerics()
-import os
 from mixzoo.kernels import rope as R, rope_triton
 from mixzoo.models import common
 out = {"usable": R.usable(-1)}
@@ -62,13 +51,7 @@ print("RESULT", json.dumps(out))
 
 
 def test_rope_kernel_against_float64_and_folded():
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    env.pop("MIXZOO_ROPE", None)
-    code = SCRIPT.replace("@BENCH@", repr(str(ROOT / "benchmarks"))).replace("@ROOT@", repr(str(ROOT)))
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
-    r = json.loads([x for x in p.stdout.splitlines() if x.startswith("RESULT ")][-1][len("RESULT "):])
+    r = run_interpreted(SCRIPT, drop=("MIXZOO_ROPE",))
     assert r["usable"] is True
     for case, res in r.items():
         if case in ("usable", "vmap"):

@@ -3,25 +3,15 @@ with the H200's numerics (benchmarks/lla_small_ridge.py; switched on before trit
 each case runs in a fresh process), against the PyTorch form in float64 and in the input's dtype;
 its folding under vmap (stacked training: one call for every model's rows); and the PyTorch form,
 unchanged, wherever the kernels do not run."""
-import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
+from interp import run_interpreted
 
 SCRIPT = r"""
-import json, sys
-sys.path.insert(0, {bench!r}); sys.path.insert(0, {root!r})
-import lla_small_ridge as L            # sets TRITON_INTERPRET=1 before triton is imported
-import torch
-L.emulate_gpu_numerics()               # the H200's round-to-nearest bf16 casts (the interpreter truncates)
 from mixzoo.kernels import swiglu as S
-out = {{"usable": S.usable(-1)}}
+out = {"usable": S.usable(-1)}
 g = torch.Generator().manual_seed(0)
 for dt in ("float32", "bfloat16"):
     for shape in ((5, 2 * 341), (2, 3, 2 * 7), (1, 2 * 1024)):     # partial blocks, odd halves, one full block
@@ -37,7 +27,7 @@ for dt in ("float32", "bfloat16"):
         t = h.clone().requires_grad_()                   # the PyTorch form in the same dtype: what it replaces
         yt = S.swiglu_torch(t)
         yt.backward(do)
-        out[f"{{dt}} {{shape}}"] = dict(dtype=str(y.dtype), gdtype=str(x.grad.dtype), shape=list(y.shape),
+        out[f"{dt} {shape}"] = dict(dtype=str(y.dtype), gdtype=str(x.grad.dtype), shape=list(y.shape),
                                        out=rel(y, want.detach()), grad=rel(x.grad, r.grad),
                                        torch_out=rel(yt, want.detach()), torch_grad=rel(t.grad, r.grad))
 # under vmap, folded as stacked training folds it: one kernel call on the K models' rows
@@ -62,12 +52,7 @@ print("RESULT", json.dumps(out))
 
 
 def _run(extra_env: dict | None = None) -> dict:
-    pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1", **(extra_env or {})}
-    code = SCRIPT.format(bench=str(ROOT / "benchmarks"), root=str(ROOT))
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
-    return json.loads([x for x in p.stdout.splitlines() if x.startswith("RESULT ")][-1][len("RESULT "):])
+    return run_interpreted(SCRIPT, extra_env, drop=("MIXZOO_SWIGLU",))
 
 
 def test_kernels_give_the_pytorch_form_in_the_interpreter():

@@ -18,11 +18,12 @@ the channels). Imports nothing of mixzoo.
 """
 from __future__ import annotations
 
-import contextlib
 import os
 
 import torch
 import torch.nn.functional as F
+
+from ._check import DeviceCheck, interpreting, matches
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -36,13 +37,9 @@ def causal_conv_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     return F.silu(y) if silu else y
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def runs_on(x: torch.Tensor) -> bool:
     """Whether ``causal_conv`` of x (B, T, C) takes the kernels (x may be a tensor vmap batches)."""
-    return (os.environ.get("MIXZOO_CONV") != "torch" and (x.is_cuda or _interpreting()) and x.dim() == 3
+    return (os.environ.get("MIXZOO_CONV") != "torch" and (x.is_cuda or interpreting()) and x.dim() == 3
             and x.dtype in _DTYPES and not torch.compiler.is_compiling()
             and usable((x.device.index or 0) if x.is_cuda else -1))
 
@@ -79,50 +76,31 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return _Conv.apply(x, weight, bias, bool(silu), _out_dtype(x))
 
 
-_CHECKED: dict[int, bool] = {}
-
-
 def usable(device_index: int = 0) -> bool:
-    """Whether the kernels give ``causal_conv_torch``'s output and gradients on this device (checked
-    once per device: float32 and bf16, with and without bias and SiLU, a length that is not a
-    multiple of the kernels' block, widths 4 and 3). Inside a CUDA graph capture the check cannot run:
-    False for that call only, not remembered."""
-    if device_index in _CHECKED:
-        return _CHECKED[device_index]
-    if not _interpreting() and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-        return False
-    try:
-        off = torch._C._DisableFuncTorch()
-    except AttributeError:
-        off = contextlib.nullcontext()
-    with off:
-        ok = _matches_here(device_index)
-    _CHECKED[device_index] = ok
-    return ok
+    """Whether the kernels give ``causal_conv_torch``'s output and gradients on this device (-1: the
+    interpreter), checked once (``_check.DeviceCheck``): float32 and bf16, with and without bias and
+    SiLU, a length that is not a multiple of the kernels' block, widths 4 and 3."""
+    return _USABLE(device_index)
 
 
 def _matches_here(device_index: int) -> bool:
-    try:
-        from . import causal_conv_triton as K
-        dev = torch.device("cuda", device_index) if device_index >= 0 else torch.device("cpu")
-        gen = torch.Generator(device="cpu").manual_seed(0)
-        for dt, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
-            for W, silu, has_bias in ((4, True, True), (3, False, False)):
-                x = torch.randn(2, 45, 70, generator=gen).to(dt).to(dev)
-                w = (torch.randn(70, W, generator=gen) * 0.5).to(dev)
-                b = (torch.randn(70, generator=gen) * 0.1).to(dev) if has_bias else None
-                dy = torch.randn(2, 45, 70, generator=gen).to(dev)
-                ins = [t.double().requires_grad_() for t in (x, w) + ((b,) if has_bias else ())]
-                want = causal_conv_torch(ins[0], ins[1], ins[2] if has_bias else None, silu)
-                wants = torch.autograd.grad(want, ins, dy.double())
-                got = K.forward(x.contiguous(), w, b, silu, torch.float32)
-                gots = K.backward(x.contiguous(), w, b, silu, dy)
-                pairs = [(got, want.detach())] + list(zip(gots, wants))
-                for a, ref in pairs:
-                    if a is None or a.shape != ref.shape:
-                        return False
-                    if float((a.double() - ref).norm() / ref.norm().clamp_min(1e-30)) > tol:
-                        return False
-        return True
-    except Exception:
-        return False
+    from . import causal_conv_triton as K
+    dev = torch.device("cuda", device_index) if device_index >= 0 else torch.device("cpu")
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    for dt, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
+        for W, silu, has_bias in ((4, True, True), (3, False, False)):
+            x = torch.randn(2, 45, 70, generator=gen).to(dt).to(dev)
+            w = (torch.randn(70, W, generator=gen) * 0.5).to(dev)
+            b = (torch.randn(70, generator=gen) * 0.1).to(dev) if has_bias else None
+            dy = torch.randn(2, 45, 70, generator=gen).to(dev)
+            ins = [t.double().requires_grad_() for t in (x, w) + ((b,) if has_bias else ())]
+            want = causal_conv_torch(ins[0], ins[1], ins[2] if has_bias else None, silu)
+            wants = torch.autograd.grad(want, ins, dy.double())
+            got = K.forward(x.contiguous(), w, b, silu, torch.float32)
+            gots = K.backward(x.contiguous(), w, b, silu, dy)
+            if not all(matches(a, ref, tol) for a, ref in [(got, want.detach()), *zip(gots, wants)]):
+                return False
+    return True
+
+
+_USABLE = DeviceCheck(_matches_here)

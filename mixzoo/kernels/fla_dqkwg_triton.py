@@ -14,12 +14,13 @@ key heads, state as (K, V)); any other call goes to the stand-in. Imported only 
 """
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
 import triton
 import triton.language as tl
+
+from ._check import DeviceCheck, interpreting
 
 
 @triton.jit
@@ -83,12 +84,7 @@ def supported(q, k, v, h, w=None, g=None, g_gamma=None, state_v_first=False, cu_
     return (g is not None and g_gamma is None and cu_seqlens is None and not state_v_first
             and v.shape[2] == k.shape[2] and q.shape == k.shape and h.dtype == k.dtype
             and k.dtype in (torch.bfloat16, torch.float16)
-            and all(t.is_cuda or _interpreting() for t in (q, k, v, h)))
-
-
-def _interpreting() -> bool:
-    import os
-    return os.environ.get("TRITON_INTERPRET") == "1"
+            and all(t.is_cuda or interpreting() for t in (q, k, v, h)))
 
 
 def chunk_bwd_dqkwg_triton(q, k, v, do, h, dh, w=None, g=None, dv=None, scale=None, chunk_size=64):
@@ -112,39 +108,19 @@ def chunk_bwd_dqkwg_triton(q, k, v, do, h, dh, w=None, g=None, dv=None, scale=No
     return dq, dk, dw, dg
 
 
-_CHECKED: dict[tuple[int, int, int, int], bool] = {}
-
-
 def usable(K: int = 16, V: int = 32, BT: int = 64, device_index: int = 0) -> bool:
     """Whether the kernel matches the PyTorch stand-in on this device at these head and chunk
     sizes (checked once per (K, V, BT, device): bf16, a partial last chunk, with w). The stand-in is
     the reference it replaces: fla's own Triton version of this step is miscompiled on Hopper with
-    some Triton versions, so this one is trusted only where it has been compared.
-
-    The check is asked for from a layer's forward, which stacked training runs under
-    ``torch.func.vmap``: there it runs with functorch's transforms switched off (under vmap its random
-    inputs are refused and it used to answer False for the rest of the process, so a fresh stacked
-    worker on an H200 ran gdn's backward on the PyTorch step). Inside a CUDA graph capture it cannot
-    run (it reads the device): the answer there is False for that call only, not remembered."""
-    key = (K, V, BT, device_index)
-    if key in _CHECKED:
-        return _CHECKED[key]
-    if not _interpreting() and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-        return False
-    try:
-        off = torch._C._DisableFuncTorch()          # functorch's transforms off for the check's own tensors
-    except AttributeError:                          # a torch without the guard: the check as it is
-        off = contextlib.nullcontext()
-    with off:
-        ok = _matches_here(K, V, BT, device_index)
-    _CHECKED[key] = ok
-    return ok
+    some Triton versions, so this one is trusted only where it has been compared. Asked for from
+    gdn's and Mamba-2's forward, also under vmap and in graph captures (``_check.DeviceCheck``)."""
+    return _USABLE((K, V, BT, device_index))
 
 
 def _matches_here(K: int, V: int, BT: int, device_index: int) -> bool:
     from .fla_dqkwg import chunk_bwd_dqkwg_torch
     try:
-        dev = torch.device("cuda", device_index) if not _interpreting() else torch.device("cpu")
+        dev = torch.device("cuda", device_index) if not interpreting() else torch.device("cpu")
         gen = torch.Generator(device="cpu").manual_seed(0)
         B, H = 2, 2
         T = BT + BT // 2 + 3
@@ -166,3 +142,6 @@ def _matches_here(K: int, V: int, BT: int, device_index: int) -> bool:
         return True
     except Exception:
         return False
+
+
+_USABLE = DeviceCheck(lambda key: _matches_here(*key))

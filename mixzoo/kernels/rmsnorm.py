@@ -15,11 +15,12 @@ off, and so does ``torch.compile`` (it fuses the PyTorch form itself). Imports n
 """
 from __future__ import annotations
 
-import contextlib
 import os
 
 import torch
 import torch.nn.functional as F
+
+from ._check import DeviceCheck, interpreting, matches
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -29,13 +30,9 @@ def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
     return F.rms_norm(x.float(), (x.shape[-1],), weight.float(), eps)
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def runs_on(x: torch.Tensor) -> bool:
     """Whether ``rms_norm`` of x takes the kernels (x may be a tensor vmap batches)."""
-    return (os.environ.get("MIXZOO_RMSNORM") != "torch" and (x.is_cuda or _interpreting())
+    return (os.environ.get("MIXZOO_RMSNORM") != "torch" and (x.is_cuda or interpreting())
             and x.dtype in _DTYPES and not torch.compiler.is_compiling()
             and usable((x.device.index or 0) if x.is_cuda else -1))
 
@@ -88,47 +85,31 @@ def _torch_grouped(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor
 
 rms_norm.__mixzoo_fold__ = _fold
 
-_CHECKED: dict[int, bool] = {}
-
-
 def usable(device_index: int = 0) -> bool:
-    """Whether the kernels give ``rms_norm_torch``'s output and gradients on this device (checked once
-    per device: float32 and bf16 inputs, two groups, partial row blocks, widths 8, 128 and 173).
-    Inside a CUDA graph capture the check cannot run (it reads the device): the answer there is False
-    for that call only, not remembered."""
-    if device_index in _CHECKED:
-        return _CHECKED[device_index]
-    if not _interpreting() and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-        return False
-    try:
-        off = torch._C._DisableFuncTorch()
-    except AttributeError:
-        off = contextlib.nullcontext()
-    with off:
-        ok = _matches_here(device_index)
-    _CHECKED[device_index] = ok
-    return ok
+    """Whether the kernels give ``rms_norm_torch``'s output and gradients on this device (-1: the
+    interpreter), checked once (``_check.DeviceCheck``): float32 and bf16 inputs, two groups, partial
+    row blocks, widths 8, 128 and 173."""
+    return _USABLE(device_index)
 
 
 def _matches_here(device_index: int) -> bool:
-    try:
-        from . import rmsnorm_triton
-        dev = torch.device("cuda", device_index) if device_index >= 0 else torch.device("cpu")
-        gen = torch.Generator(device="cpu").manual_seed(0)
-        for dt in (torch.float32, torch.bfloat16):
-            for D in (8, 128, 173):
-                x = (torch.randn(2, 37, D, generator=gen) * 3).to(dt).to(dev)
-                w = (1 + 0.3 * torch.randn(2, D, generator=gen)).to(dev)
-                dy = torch.randn(2, 37, D, generator=gen).to(dev)
-                xr, wr = x.double().requires_grad_(), w.double().requires_grad_()
-                want = torch.stack([rms_norm_torch(xr[g], wr[g], 1e-6) for g in range(2)])
-                want_dx, want_dw = torch.autograd.grad(want, (xr, wr), dy.double())
-                y, rstd = rmsnorm_triton.forward(x.contiguous(), w, 1e-6, torch.float32)
-                dx, dw = rmsnorm_triton.backward(x.contiguous(), w, rstd, dy)
-                tol = 1e-5 if dt == torch.float32 else 1e-2
-                for a, b in ((y, want.detach()), (dx, want_dx), (dw, want_dw)):
-                    if a.shape != b.shape or float((a.double() - b).norm() / b.norm().clamp_min(1e-30)) > tol:
-                        return False
-        return True
-    except Exception:
-        return False
+    from . import rmsnorm_triton
+    dev = torch.device("cuda", device_index) if device_index >= 0 else torch.device("cpu")
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    for dt in (torch.float32, torch.bfloat16):
+        for D in (8, 128, 173):
+            x = (torch.randn(2, 37, D, generator=gen) * 3).to(dt).to(dev)
+            w = (1 + 0.3 * torch.randn(2, D, generator=gen)).to(dev)
+            dy = torch.randn(2, 37, D, generator=gen).to(dev)
+            xr, wr = x.double().requires_grad_(), w.double().requires_grad_()
+            want = torch.stack([rms_norm_torch(xr[g], wr[g], 1e-6) for g in range(2)])
+            want_dx, want_dw = torch.autograd.grad(want, (xr, wr), dy.double())
+            y, rstd = rmsnorm_triton.forward(x.contiguous(), w, 1e-6, torch.float32)
+            dx, dw = rmsnorm_triton.backward(x.contiguous(), w, rstd, dy)
+            tol = 1e-5 if dt == torch.float32 else 1e-2
+            if not all(matches(a, b, tol) for a, b in ((y, want.detach()), (dx, want_dx), (dw, want_dw))):
+                return False
+    return True
+
+
+_USABLE = DeviceCheck(_matches_here)

@@ -16,10 +16,11 @@ CPU its numbers are unchanged). ``MIXZOO_ROPE=torch`` turns it off, and so does 
 """
 from __future__ import annotations
 
-import contextlib
 import os
 
 import torch
+
+from ._check import DeviceCheck, interpreting, matches
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -37,13 +38,9 @@ def rope_torch(x: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
 
 
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def runs_on(x: torch.Tensor) -> bool:
     """Whether ``rope`` of x (B, H, T, D) takes the kernel (x may be a tensor vmap batches)."""
-    return (os.environ.get("MIXZOO_ROPE") != "torch" and (x.is_cuda or _interpreting()) and x.dim() == 4
+    return (os.environ.get("MIXZOO_ROPE") != "torch" and (x.is_cuda or interpreting()) and x.dim() == 4
             and x.shape[-1] % 2 == 0 and x.shape[-1] >= 2 and x.dtype in _DTYPES
             and not torch.compiler.is_compiling() and usable((x.device.index or 0) if x.is_cuda else -1))
 
@@ -70,46 +67,29 @@ def rope(x: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
     return _Rope.apply(x, float(base))
 
 
-_CHECKED: dict[int, bool] = {}
-
-
 def usable(device_index: int = 0) -> bool:
-    """Whether the kernel gives ``rope_torch``'s output and gradient on this device (checked once per
-    device: float32 and bf16, a strided input, head widths 8 and 64, a partial block of positions).
-    Inside a CUDA graph capture the check cannot run: False for that call only, not remembered."""
-    if device_index in _CHECKED:
-        return _CHECKED[device_index]
-    if not _interpreting() and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-        return False
-    try:
-        off = torch._C._DisableFuncTorch()
-    except AttributeError:
-        off = contextlib.nullcontext()
-    with off:
-        ok = _matches_here(device_index)
-    _CHECKED[device_index] = ok
-    return ok
+    """Whether the kernel gives ``rope_torch``'s output and gradient on this device (-1: the
+    interpreter), checked once (``_check.DeviceCheck``): float32 and bf16, a strided input, head widths
+    8 and 64, a partial block of positions."""
+    return _USABLE(device_index)
 
 
 def _matches_here(device_index: int) -> bool:
-    try:
-        from . import rope_triton
-        dev = torch.device("cuda", device_index) if device_index >= 0 else torch.device("cpu")
-        gen = torch.Generator(device="cpu").manual_seed(0)
-        for dt, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
-            for D in (8, 64):
-                qkv = torch.randn(2, 37, 3 * 3 * D, generator=gen).to(dt).to(dev)
-                x = qkv[..., :3 * D].unflatten(-1, (3, D)).transpose(1, 2)           # (2, 3, 37, D), strided
-                dy = torch.randn(2, 3, 37, D, generator=gen).to(dt).to(dev)
-                xr = x.double().requires_grad_()
-                want = rope_torch(xr)
-                (want_dx,) = torch.autograd.grad(want, xr, dy.double())
-                y, dx = rope_triton.rotate(x, 10000.0), rope_triton.rotate(dy, 10000.0, inverse=True)
-                for a, b in ((y, want.detach()), (dx, want_dx)):
-                    if a.shape != b.shape or a.dtype != dt:
-                        return False
-                    if float((a.double() - b).norm() / b.norm().clamp_min(1e-30)) > tol:
-                        return False
-        return True
-    except Exception:
-        return False
+    from . import rope_triton
+    dev = torch.device("cuda", device_index) if device_index >= 0 else torch.device("cpu")
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    for dt, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
+        for D in (8, 64):
+            qkv = torch.randn(2, 37, 3 * 3 * D, generator=gen).to(dt).to(dev)
+            x = qkv[..., :3 * D].unflatten(-1, (3, D)).transpose(1, 2)           # (2, 3, 37, D), strided
+            dy = torch.randn(2, 3, 37, D, generator=gen).to(dt).to(dev)
+            xr = x.double().requires_grad_()
+            want = rope_torch(xr)
+            (want_dx,) = torch.autograd.grad(want, xr, dy.double())
+            y, dx = rope_triton.rotate(x, 10000.0), rope_triton.rotate(dy, 10000.0, inverse=True)
+            if not all(a.dtype == dt and matches(a, b, tol) for a, b in ((y, want.detach()), (dx, want_dx))):
+                return False
+    return True
+
+
+_USABLE = DeviceCheck(_matches_here)

@@ -19,21 +19,18 @@ folded: stacked training looks ``swiglu`` up through ``mixzoo.models._fla._op``,
 """
 from __future__ import annotations
 
-import contextlib
 import os
 
 import torch
 import torch.nn.functional as F
+
+from ._check import DeviceCheck, interpreting, matches
 
 
 def swiglu_torch(h: torch.Tensor) -> torch.Tensor:
     """The reference: silu(a) * b for (a, b) = h.chunk(2, -1)."""
     a, b = h.chunk(2, dim=-1)
     return F.silu(a) * b
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 class _SwiGLU(torch.autograd.Function):
@@ -54,7 +51,7 @@ class _SwiGLU(torch.autograd.Function):
 
 def runs_on(h: torch.Tensor) -> bool:
     """Whether ``swiglu`` of h takes the kernels (h may be a tensor vmap batches)."""
-    return (os.environ.get("MIXZOO_SWIGLU") != "torch" and (h.is_cuda or _interpreting())
+    return (os.environ.get("MIXZOO_SWIGLU") != "torch" and (h.is_cuda or interpreting())
             and h.shape[-1] % 2 == 0 and h.dtype in (torch.float32, torch.bfloat16, torch.float16)
             and not torch.compiler.is_compiling()                # torch.compile fuses the PyTorch form itself
             and usable((h.device.index or 0) if h.is_cuda else -1))
@@ -68,45 +65,27 @@ def swiglu(h: torch.Tensor) -> torch.Tensor:
     return _SwiGLU.apply(h)
 
 
-_CHECKED: dict[int, bool] = {}
-
-
 def usable(device_index: int = 0) -> bool:
-    """Whether the kernels give ``swiglu_torch``'s output and gradient on this device (checked once
-    per device: float32 and bf16, a partial last block). Inside a CUDA graph capture the check cannot
-    run (it reads the device): the answer there is False for that call only, not remembered."""
-    if device_index in _CHECKED:
-        return _CHECKED[device_index]
-    if not _interpreting() and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-        return False
-    try:
-        off = torch._C._DisableFuncTorch()
-    except AttributeError:
-        off = contextlib.nullcontext()
-    with off:
-        ok = _matches_here(device_index)
-    _CHECKED[device_index] = ok
-    return ok
+    """Whether the kernels give ``swiglu_torch``'s output and gradient on this device (-1: the
+    interpreter), checked once (``_check.DeviceCheck``): float32 and bf16, a partial last block."""
+    return _USABLE(device_index)
 
 
 def _matches_here(device_index: int) -> bool:
-    try:
-        from . import swiglu_triton
-        dev = torch.device("cuda", device_index) if device_index >= 0 else torch.device("cpu")
-        gen = torch.Generator(device="cpu").manual_seed(0)
-        for dt, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
-            h = (torch.randn(3, 7, 2 * 173, generator=gen) * 3).to(dt).to(dev)
-            do = torch.randn(3, 7, 173, generator=gen).to(dt).to(dev)
-            hr = h.float().requires_grad_()
-            want = swiglu_torch(hr)
-            (want_dh,) = torch.autograd.grad(want, hr, do.float())
-            want = want.detach()
-            got, got_dh = swiglu_triton.forward(h), swiglu_triton.backward(h, do)
-            for a, b in ((got, want), (got_dh, want_dh)):
-                if a.shape != b.shape or a.dtype != dt:
-                    return False
-                if float((a.float() - b).norm() / b.norm().clamp_min(1e-30)) > tol:
-                    return False
-        return True
-    except Exception:
-        return False
+    from . import swiglu_triton
+    dev = torch.device("cuda", device_index) if device_index >= 0 else torch.device("cpu")
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    for dt, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
+        h = (torch.randn(3, 7, 2 * 173, generator=gen) * 3).to(dt).to(dev)
+        do = torch.randn(3, 7, 173, generator=gen).to(dt).to(dev)
+        hr = h.float().requires_grad_()
+        want = swiglu_torch(hr)
+        (want_dh,) = torch.autograd.grad(want, hr, do.float())
+        want = want.detach()
+        got, got_dh = swiglu_triton.forward(h), swiglu_triton.backward(h, do)
+        if not all(a.dtype == dt and matches(a, b.double(), tol) for a, b in ((got, want), (got_dh, want_dh))):
+            return False
+    return True
+
+
+_USABLE = DeviceCheck(_matches_here)
