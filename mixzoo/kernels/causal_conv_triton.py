@@ -37,8 +37,9 @@ def _fwd_kernel(x, w, bias, y, T, C, W: tl.constexpr, HAS_BIAS: tl.constexpr, SI
 
 @triton.jit
 def _dz_kernel(x, w, bias, dy, dz, dwp, dbp, T, C, W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
-               BT: tl.constexpr, BC: tl.constexpr):
-    """dz = dy silu'(z) (z recomputed), and per sequence the sums over positions of dz x (dw) and dz (db)."""
+               BT: tl.constexpr, BC: tl.constexpr, BW: tl.constexpr):
+    """dz = dy silu'(z) (z recomputed), and per sequence the sums over positions of dz x (dw) and dz (db).
+    One pass: dz is written and never read back here (another launch reads it), so no barrier is needed."""
     b, cb = tl.program_id(0), tl.program_id(1)
     c = cb * BC + tl.arange(0, BC)
     mc = c < C
@@ -46,7 +47,9 @@ def _dz_kernel(x, w, bias, dy, dz, dwp, dbp, T, C, W: tl.constexpr, HAS_BIAS: tl
     bv = tl.zeros([BC], tl.float32)
     if HAS_BIAS:
         bv += tl.load(bias + c, mask=mc, other=0.).to(tl.float32)
+    jj = tl.arange(0, BW)
     db = tl.zeros([BC], tl.float32)
+    dw = tl.zeros([BW, BC], tl.float32)                 # dw[j, c] = sum_t dz[t, c] x[t - (W - 1) + j, c]
     for t0 in tl.range(0, T, BT):
         t = t0 + tl.arange(0, BT)
         m = (t < T)[:, None] & mc[None, :]
@@ -63,18 +66,13 @@ def _dz_kernel(x, w, bias, dy, dz, dwp, dbp, T, C, W: tl.constexpr, HAS_BIAS: tl
         g = tl.where(m, g, 0.)
         tl.store(dz + base + t.to(tl.int64)[:, None] * C + c[None, :], g, mask=m)
         db += tl.sum(g, axis=0)
-    tl.store(dbp + b.to(tl.int64) * C + c, db, mask=mc)
-    for j in tl.static_range(W):                      # dw[c, j] = sum_t dz[t] x[t - (W - 1) + j]
-        acc = tl.zeros([BC], tl.float32)
-        for t0 in tl.range(0, T, BT):
-            t = t0 + tl.arange(0, BT)
+        for j in tl.static_range(W):
             tt = t - (W - 1) + j
-            m = (t < T)[:, None] & mc[None, :]
-            mj = m & (tt >= 0)[:, None]
-            g = tl.load(dz + base + t.to(tl.int64)[:, None] * C + c[None, :], mask=m, other=0.)
+            mj = ((tt >= 0) & (tt < T))[:, None] & mc[None, :]
             xv = tl.load(x + base + tt.to(tl.int64)[:, None] * C + c[None, :], mask=mj, other=0.).to(tl.float32)
-            acc += tl.sum(g * xv, axis=0)
-        tl.store(dwp + (b.to(tl.int64) * W + j) * C + c, acc, mask=mc)
+            dw += tl.where(jj[:, None] == j, tl.sum(g * xv, axis=0)[None, :], 0.)
+    tl.store(dbp + b.to(tl.int64) * C + c, db, mask=mc)
+    tl.store(dwp + (b.to(tl.int64) * W + jj[:, None]) * C + c[None, :], dw, mask=(jj < W)[:, None] & mc[None, :])
 
 
 @triton.jit
@@ -119,7 +117,7 @@ def backward(x, w, bias, silu: bool, dy):
     if B and T and C:
         grid = (B, triton.cdiv(C, BC))
         _dz_kernel[grid](x, w, bias if bias is not None else w, dy, dz, dwp, dbp, T, C, W=W,
-                         HAS_BIAS=bias is not None, SILU=silu, BT=BT, BC=BC)
+                         HAS_BIAS=bias is not None, SILU=silu, BT=BT, BC=BC, BW=triton.next_power_of_2(W))
         _dx_kernel[grid](dz, w, dx, T, C, W=W, BT=BT, BC=BC)
     else:
         dwp.zero_()
