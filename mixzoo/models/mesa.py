@@ -130,13 +130,19 @@ class MesaNet(nn.Module):
             T, D = x.shape[1], self.dh
             # The kernel is run at shapes seen to work on an H200: whole chunks of 64 and the head
             # dims of FLA_HEAD_DIMS. Zero padding is exact: padded positions come
-            # after t, padded dims have zero q, k, v (and Λ = 1), so they add nothing.
+            # after t, padded dims have zero q, k, v (and Λ = 1), so they add nothing. q, k, v stay in
+            # fla's (B, T, H, D) layout throughout (the transposed views of split_heads, moved back),
+            # so the padding's copy is the only one; without padding, the contiguous copy is.
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))
             pad, dpad = -T % 64, next(w for w in FLA_HEAD_DIMS if w >= D) - D
             if pad or dpad:
-                q, k, v = (F.pad(t, (0, dpad, 0, pad)) for t in (q, k, v))
+                q, k, v = (F.pad(t, (0, dpad, 0, 0, 0, pad)) for t in (q, k, v))
                 g, beta = F.pad(g, (0, 0, 0, pad)), F.pad(beta, (0, 0, 0, pad))
                 lamb = F.pad(lamb, (0, dpad), value=1.0)
-            o = fast(tt(q), tt(k), tt(v), g=g, beta=beta, lamb=lamb, max_CG_iteration=self.cg)[0][:, :T, :, :D]
+            else:
+                q, k, v = (t.contiguous() for t in (q, k, v))
+            o = fast(q, k, v, g=g, beta=beta, lamb=lamb, max_CG_iteration=self.cg)[0][:, :T, :, :D]
+            return self.o_proj(self.o_norm(o.transpose(1, 2), gate))
         else:
             self.backend = "torch-exact"
             o = tt(mesa_exact(q, k, v, g.transpose(1, 2), beta.transpose(1, 2), lamb))
