@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 KERNELS = (("mixzoo.kernels.swiglu_triton", "forward"), ("mixzoo.kernels.swiglu_triton", "backward"),
            ("mixzoo.kernels.rmsnorm_triton", "forward"), ("mixzoo.kernels.rmsnorm_triton", "backward"),
            ("mixzoo.kernels.rope_triton", "rotate"), ("mixzoo.kernels.causal_conv_triton", "forward"),
-           ("mixzoo.kernels.causal_conv_triton", "backward"))
+           ("mixzoo.kernels.causal_conv_triton", "backward"), ("mixzoo.kernels.ssd_intra_triton", "forward"),
+           ("mixzoo.kernels.ssd_intra_triton", "backward"))
 
 
 def count(mixer: str, batch: int = 128, device: str = "cpu", kernels: bool = False) -> dict:

@@ -21,6 +21,9 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from ..kernels import ssd_intra as _ssd
+from . import _fla
+
 
 def _no_autocast(fn):
     """Run ``fn`` with autocast off, so that its float32 matmuls stay float32 under bf16 autocast."""
@@ -68,23 +71,28 @@ def simple_gla_chunk(q, k, v, g, *, scale: float = 1.0, neg: torch.Tensor | None
     ks = None if k_scale is None else _chunked(k_scale.to(cdt).unsqueeze(-1), C).squeeze(-1)   # (B, H, N, C)
     gc = _chunked(g.unsqueeze(-1), C).squeeze(-1).cumsum(-1)             # (B, H, N, C)
     N = gc.shape[2]
-    tri = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
-    diff = (gc.unsqueeze(-1) - gc.unsqueeze(-2)).masked_fill(~tri, float("-inf"))
-    L = diff.exp()                                                       # (B, H, N, C, C)
     last = gc[..., -1:]                                                  # (B, H, N, 1)
     to_end = (last - gc).exp()                                           # decay s -> chunk end
     from_start = gc.exp()                                                # decay chunk start -> t
     chunk_decay = last.squeeze(-1)                                       # (B, H, N)
     if neg is not None:
         p = _chunked(neg.to(torch.int64).unsqueeze(-1), C).squeeze(-1).cumsum(-1)
-        L = L * _sign_from_parity(p.unsqueeze(-1) - p.unsqueeze(-2))
         to_end = to_end * _sign_from_parity(p[..., -1:] - p)
         from_start = from_start * _sign_from_parity(p)
         chunk_par = p[..., -1]
+    if shared and neg is None and ks is not None and _ssd.runs_on(qc[:, 0], vc):
+        # Mamba-2's SSD form on a GPU: the (B, H, N, C, C) matrices below stay in the kernels' registers
+        o = _fla._op("mixzoo.kernels.ssd_intra", "intra")(qc[:, 0], kc[:, 0], vc, gc, ks)   # folded when stacking
+    else:
+        tri = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+        L = (gc.unsqueeze(-1) - gc.unsqueeze(-2)).masked_fill(~tri, float("-inf")).exp()   # (B, H, N, C, C)
+        if neg is not None:
+            L = L * _sign_from_parity(p.unsqueeze(-1) - p.unsqueeze(-2))
+        if ks is not None:
+            L = L * ks.unsqueeze(-2)                                     # column s scaled by k_scale_s
+        o = ((qc @ kc.transpose(-1, -2)) * L) @ vc                       # intra-chunk
     if ks is not None:
-        L = L * ks.unsqueeze(-2)                                         # column s scaled by k_scale_s
         to_end = to_end * ks
-    o = ((qc @ kc.transpose(-1, -2)) * L) @ vc                           # intra-chunk
     if N > 1:
         w = vc * to_end.unsqueeze(-1)                                    # (B, H, N, C, V)
         if shared:                                                       # (B, N, K, H, V)

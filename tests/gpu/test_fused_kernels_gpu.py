@@ -319,3 +319,68 @@ def test_short_convolution_kernels_match_fold_and_are_timed(monkeypatch):
     assert calls == [(8, 128, 4 * 384)]
     torch.testing.assert_close(y.float(), ref.float(), rtol=2e-2, atol=2e-3)
     assert t["one model, kernel"] < t["one model, torch"] and t["16 stacked, kernel"] < t["16 stacked, torch"]
+
+
+def test_ssd_intra_kernels_match_fold_and_are_timed(monkeypatch):
+    """Mamba-2's within-chunk SSD part at the mad recipe (batch 128, length 128 in chunks of 64, 16
+    heads of 16, state 64), float32: the kernels against float64 beside the PyTorch form; a Mamba-2
+    layer's forward+backward (bf16 autocast, torch-chunk) timed with both, one model and 16 stacked
+    (one kernel call for all), printed."""
+    from torch.func import functional_call, stack_module_state, vmap
+
+    from mixzoo.kernels import ssd_intra as S
+    from mixzoo.kernels import ssd_intra_triton
+    from mixzoo.registry import build_mixer, get_mixer
+    from mixzoo.train.vmapfold import folding
+    assert S.usable(torch.cuda.current_device())
+    g = torch.Generator(device="cuda").manual_seed(0)
+    B, H, N, C, K, V = 128, 16, 2, 64, 64, 16
+    q, k = (torch.randn(B, N, C, K, device="cuda", generator=g) * K ** -0.5 for _ in range(2))
+    v = torch.randn(B, H, N, C, V, device="cuda", generator=g)
+    gc = (-torch.rand(B, H, N, C, device="cuda", generator=g) * 0.1).cumsum(-1)
+    ks = torch.rand(B, H, N, C, device="cuda", generator=g) * 0.1
+    do = torch.randn(B, H, N, C, V, device="cuda", generator=g)
+    ins = [t.double().requires_grad_() for t in (q, k, v, gc, ks)]
+    want = S.intra_torch(*ins)
+    wants = torch.autograd.grad(want, ins, do.double())
+    errs = {}
+    for name, fn in (("kernel", S.intra), ("torch", S.intra_torch)):
+        x = [t.clone().requires_grad_() for t in (q, k, v, gc, ks)]
+        y = fn(*x)
+        y.backward(do)
+        errs[name] = [_rel(y, want.detach())] + [_rel(a.grad, b) for a, b in zip(x, wants)]
+    t = {}
+    torch.manual_seed(0)
+    m = build_mixer(get_mixer("mamba"), 128, num_heads=16, layer_idx=0, l_max=128).cuda()
+    xs = torch.randn(128, 128, 128, device="cuda", requires_grad=True)
+    ms = [build_mixer(get_mixer("mamba"), 128, num_heads=16, layer_idx=0, l_max=128).cuda() for _ in range(16)]
+    params, bufs = stack_module_state(ms)
+    x16 = torch.randn(16, 128, 128, 128, device="cuda", requires_grad=True)
+
+    def one():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = m(xs)
+        y.float().square().mean().backward()
+
+    def stacked():
+        with torch.autocast("cuda", dtype=torch.bfloat16), folding():
+            y = vmap(lambda p, b, xi: functional_call(ms[0], (p, b), (xi,)))(params, bufs, x16)
+        y.float().square().mean().backward()
+    for name, env in (("kernel", None), ("torch", "torch")):
+        if env:
+            monkeypatch.setenv("MIXZOO_SSD", env)
+        t[f"one layer, {name}"] = _timed(one)
+        t[f"16 stacked, {name}"] = _timed(stacked, iters=5)
+    monkeypatch.delenv("MIXZOO_SSD", raising=False)
+    assert m.backend == "torch-chunk"
+    print("\nssd intra float32 against float64, out / dq / dk / dv / dg / dks: kernel "
+          + " / ".join(f"{e:.1e}" for e in errs["kernel"]) + ", PyTorch form " + " / ".join(f"{e:.1e}" for e in errs["torch"])
+          + "; Mamba-2 layer forward+backward ms: " + "; ".join(f"{k_} {v_:.3f}" for k_, v_ in t.items()))
+    for a, b in zip(errs["kernel"], errs["torch"]):
+        assert a <= max(4 * b, 1e-5)
+    calls = []
+    fwd = ssd_intra_triton.forward
+    monkeypatch.setattr(ssd_intra_triton, "forward", lambda *a: calls.append(tuple(a[2].shape)) or fwd(*a))
+    stacked()
+    assert calls == [(16 * 128, 16, 2, 64, 16)]
+    assert t["one layer, kernel"] < t["one layer, torch"] and t["16 stacked, kernel"] < t["16 stacked, torch"]

@@ -1,0 +1,97 @@
+"""The within-chunk part of Mamba-2's chunked scan (SSD) with B and C shared by the heads, as one
+Triton kernel forward and one backward (``ssd_intra_triton``):
+
+    o[h, t] = sum_{s <= t in the chunk} exp(g_h[t] - g_h[s]) ks_h[s] (q_t . k_s) v_h[s]
+
+for q = C, k = B (one per chunk position, every head's), the chunk-local cumulative log-decay g and
+the key scale ks = dt per head. ``mixzoo.models._scan.simple_gla_chunk`` computes it in PyTorch as
+(B, H, N, C, C) float32 tensors (the differences, their mask, exponent and key scaling, the scores'
+product), about five written forward and eight backward per layer: at the mad recipe's 16 heads of 16
+(chunk 64) they are most of Mamba-2's step. The kernels keep each chunk's C x C matrices in registers:
+per (sequence, chunk) a program forms q kᵀ once for all heads, and backward sums its gradient over the
+heads before dq, dk. float32 throughout (full-precision products), as the PyTorch form.
+
+``intra`` runs them for float32 CUDA tensors (or under Triton's interpreter, ``TRITON_INTERPRET=1``)
+at chunks of 16 to 64 positions (a program holds several C x C float32 matrices: 128 would spill
+registers) once they have matched ``intra_torch`` on that device (``usable``);
+``runs_on`` says whether they will. ``MIXZOO_SSD=torch`` turns them off, and so does ``torch.compile``.
+Under vmap the models fold into the batch (``mixzoo.train.vmapfold``). Imports nothing of mixzoo.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ._check import DeviceCheck, interpreting, matches
+
+
+def intra_torch(q, k, v, gc, ks):
+    """The reference: q, k (B, N, C, K); v (B, H, N, C, V); gc, ks (B, H, N, C) -> (B, H, N, C, V)."""
+    C = q.shape[-2]
+    tri = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    M = (gc.unsqueeze(-1) - gc.unsqueeze(-2)).masked_fill(~tri, float("-inf")).exp() * ks.unsqueeze(-2)
+    return ((q @ k.transpose(-1, -2)).unsqueeze(1) * M) @ v
+
+
+def runs_on(q: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether ``intra`` takes the kernels for q (B, N, C, K) and v (B, H, N, C, V) (tensors vmap may batch)."""
+    C, K, V = q.shape[-2], q.shape[-1], v.shape[-1]
+    return (os.environ.get("MIXZOO_SSD") != "torch" and (q.is_cuda or interpreting())
+            and q.dtype == v.dtype == torch.float32 and C in (16, 32, 64) and K <= 128 and V <= 128
+            and not torch.compiler.is_compiling() and usable((q.device.index or 0) if q.is_cuda else -1))
+
+
+class _Intra(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, gc, ks):
+        from . import RAN
+        from . import ssd_intra_triton as K
+        RAN.add("ssd_intra")
+        q, k, v, gc, ks = (t.contiguous() for t in (q, k, v, gc, ks))
+        ctx.save_for_backward(q, k, v, gc, ks)
+        return K.forward(q, k, v, gc, ks)
+
+    @staticmethod
+    def backward(ctx, do):
+        from . import ssd_intra_triton as K
+        return K.backward(*ctx.saved_tensors, do.contiguous())
+
+
+def intra(q, k, v, gc, ks):
+    """``intra_torch``'s result: by the kernels where ``runs_on``, not under an unfolded vmap."""
+    if torch._C._are_functorch_transforms_active() or not runs_on(q, v):
+        return intra_torch(q, k, v, gc, ks)
+    return _Intra.apply(q, k, v, gc, ks)
+
+
+def usable(device_index: int = 0) -> bool:
+    """Whether the kernels give ``intra_torch``'s output and gradients on this device (-1: the
+    interpreter), checked once (``_check.DeviceCheck``): 3 heads, 2 chunks of 16 and of 64, state
+    widths 16 and 64 and a value width of 16 and one (24) that is not a power of two."""
+    return _USABLE(device_index)
+
+
+def _matches_here(device_index: int) -> bool:
+    from . import ssd_intra_triton as Kt
+    dev = torch.device("cuda", device_index) if device_index >= 0 else torch.device("cpu")
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    for C, K, V in ((16, 16, 24), (64, 64, 16)):
+        B, H, N = 2, 3, 2
+        q, k = (torch.randn(B, N, C, K, generator=gen) * K ** -0.5 for _ in range(2))
+        v = torch.randn(B, H, N, C, V, generator=gen)
+        gc = (-torch.rand(B, H, N, C, generator=gen) * 0.2).cumsum(-1)
+        ks = torch.rand(B, H, N, C, generator=gen) + 0.1
+        do = torch.randn(B, H, N, C, V, generator=gen)
+        ins = [t.double().requires_grad_() for t in (q, k, v, gc, ks)]
+        want = intra_torch(*ins)
+        wants = torch.autograd.grad(want, ins, do.double())
+        args = [t.to(dev) for t in (q, k, v, gc, ks)]
+        got = Kt.forward(*args)
+        gots = Kt.backward(*args, do.to(dev))
+        if not all(matches(a, b, 1e-4) for a, b in [(got, want.detach()), *zip(gots, wants)]):
+            return False
+    return True
+
+
+_USABLE = DeviceCheck(_matches_here)

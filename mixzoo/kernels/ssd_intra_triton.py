@@ -1,0 +1,90 @@
+"""The Triton kernels behind ``mixzoo.kernels.ssd_intra`` (imported only when they are to run).
+
+One program per (sequence, chunk) runs over the heads: the chunk's score matrix S = q kᵀ (C x C,
+shared by the heads) stays in registers, each head's decay matrix is built from its cumulative
+log-decays, and the backward sums dS over the heads before dq = dS k and dk = dSᵀ q. Products of
+float32 operands in full float32 (``input_precision="ieee"``), as the PyTorch form's matmuls."""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _decay(gc, ks, base_h, o_c, C: tl.constexpr):
+    """E (C x C): exp(g_t - g_s) for s <= t, else 0; and E scaled by ks_s (columns)."""
+    g = tl.load(gc + base_h + o_c)
+    s = tl.load(ks + base_h + o_c)
+    keep = o_c[:, None] >= o_c[None, :]
+    E = tl.where(keep, tl.exp(tl.where(keep, g[:, None] - g[None, :], 0.)), 0.)
+    return E, E * s[None, :]
+
+
+@triton.jit
+def _fwd_kernel(q, k, v, gc, ks, o, H, N, K, V, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    b, n = tl.program_id(0), tl.program_id(1)
+    o_c, o_k, o_v = tl.arange(0, C), tl.arange(0, BK), tl.arange(0, BV)
+    mk, mv = o_k < K, o_v < V
+    qk = ((b * N + n).to(tl.int64) * C + o_c)[:, None] * K + o_k[None, :]
+    bq = tl.load(q + qk, mask=mk[None, :], other=0.)
+    bk = tl.load(k + qk, mask=mk[None, :], other=0.)
+    S = tl.dot(bq, tl.trans(bk), input_precision="ieee")
+    for h in range(H):
+        bh = ((b * H + h) * N + n).to(tl.int64)
+        _, M = _decay(gc, ks, bh * C, o_c, C)
+        vo = (bh * C + o_c)[:, None] * V + o_v[None, :]
+        bv = tl.load(v + vo, mask=mv[None, :], other=0.)
+        tl.store(o + vo, tl.dot(S * M, bv, input_precision="ieee"), mask=mv[None, :])
+
+
+@triton.jit
+def _bwd_kernel(q, k, v, gc, ks, do, dq, dk, dv, dgc, dks, H, N, K, V,
+                C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    b, n = tl.program_id(0), tl.program_id(1)
+    o_c, o_k, o_v = tl.arange(0, C), tl.arange(0, BK), tl.arange(0, BV)
+    mk, mv = o_k < K, o_v < V
+    qk = ((b * N + n).to(tl.int64) * C + o_c)[:, None] * K + o_k[None, :]
+    bq = tl.load(q + qk, mask=mk[None, :], other=0.)
+    bk = tl.load(k + qk, mask=mk[None, :], other=0.)
+    S = tl.dot(bq, tl.trans(bk), input_precision="ieee")
+    dS = tl.zeros([C, C], tl.float32)
+    for h in range(H):
+        bh = ((b * H + h) * N + n).to(tl.int64)
+        E, M = _decay(gc, ks, bh * C, o_c, C)
+        vo = (bh * C + o_c)[:, None] * V + o_v[None, :]
+        bv = tl.load(v + vo, mask=mv[None, :], other=0.)
+        bdo = tl.load(do + vo, mask=mv[None, :], other=0.)
+        tl.store(dv + vo, tl.dot(tl.trans(S * M), bdo, input_precision="ieee"), mask=mv[None, :])
+        dA = tl.dot(bdo, tl.trans(bv), input_precision="ieee")           # (C, C): do_t . v_s
+        dS += dA * M
+        dM = dA * S
+        P = dM * M
+        tl.store(dgc + bh * C + o_c, tl.sum(P, axis=1) - tl.sum(P, axis=0))
+        tl.store(dks + bh * C + o_c, tl.sum(dM * E, axis=0))
+    tl.store(dq + qk, tl.dot(dS, bk, input_precision="ieee"), mask=mk[None, :])
+    tl.store(dk + qk, tl.dot(tl.trans(dS), bq, input_precision="ieee"), mask=mk[None, :])
+
+
+def _blocks(K: int, V: int) -> tuple[int, int]:
+    return max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
+
+
+def forward(q, k, v, gc, ks):
+    """q, k (B, N, C, K); v (B, H, N, C, V); gc, ks (B, H, N, C); all float32 contiguous -> o like v."""
+    B, H, N, C, V = v.shape
+    K = q.shape[-1]
+    o = torch.empty_like(v)
+    BK, BV = _blocks(K, V)
+    _fwd_kernel[(B, N)](q, k, v, gc, ks, o, H, N, K, V, C=C, BK=BK, BV=BV, num_warps=8)
+    return o
+
+
+def backward(q, k, v, gc, ks, do):
+    B, H, N, C, V = v.shape
+    K = q.shape[-1]
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dgc, dks = torch.empty_like(gc), torch.empty_like(ks)
+    BK, BV = _blocks(K, V)
+    _bwd_kernel[(B, N)](q, k, v, gc, ks, do, dq, dk, dv, dgc, dks, H, N, K, V, C=C, BK=BK, BV=BV, num_warps=8)
+    return dq, dk, dv, dgc, dks
