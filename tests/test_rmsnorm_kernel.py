@@ -86,12 +86,15 @@ for mixer in ("softmax", "gdn"):
                       recorded=[r.kernels for r in solo + stacked],
                       solo=[[h["train_loss"] for h in r.history] + [r.test["accuracy"]] for r in solo],
                       stacked=[[h["train_loss"] for h in r.history] + [r.test["accuracy"]] for r in stacked])
+os.environ.pop("MIXZOO_EAGER_KERNELS")           # the default: an eager run takes the PyTorch forms
+out["eager default"] = train(task, "softmax", {}, mcfg, cfgs[0], seed=0, device="cpu").kernels
 print("RESULT", json.dumps(out))
 """
 
 
-def _run(script: str) -> dict:
-    return run_interpreted(script, drop=("MIXZOO_RMSNORM", "MIXZOO_SWIGLU", "MIXZOO_ROPE", "MIXZOO_CONV"))
+def _run(script: str, env: dict | None = None) -> dict:
+    return run_interpreted(script, env, drop=("MIXZOO_RMSNORM", "MIXZOO_SWIGLU", "MIXZOO_ROPE", "MIXZOO_CONV",
+                                              "MIXZOO_SSD", "MIXZOO_EAGER_KERNELS"))
 
 
 def test_kernels_against_float64_and_folded_under_vmap():
@@ -111,7 +114,8 @@ def test_kernels_against_float64_and_folded_under_vmap():
 
 
 def test_a_stacked_run_with_the_kernels_gives_each_run_s_numbers():
-    r = _run(TRAINING)
+    r = _run(TRAINING, {"MIXZOO_EAGER_KERNELS": "1"})        # the separate (eager) runs take the kernels too
+    assert r.pop("eager default") is None, r
     want = {"softmax": ["rmsnorm_triton", "rope_triton", "swiglu_triton"],
             "gdn": ["causal_conv_triton", "rmsnorm_triton", "swiglu_triton"]}
     for mixer, res in r.items():

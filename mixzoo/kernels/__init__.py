@@ -2,9 +2,33 @@
 
 ``RAN`` names the backbone kernels (swiglu, rmsnorm, rope, causal_conv) that ran since the last
 ``reset()``: the trainer resets it when a run starts and records ``ran()`` in the run's result (the
-leaderboard's ``kernels`` column), since they change a run's numbers at the input dtype's rounding."""
+leaderboard's ``kernels`` column), since they change a run's numbers at the input dtype's rounding.
+``eager()`` turns them off for the trainer's eager loop."""
+
+import contextlib
+import os
 
 RAN: set[str] = set()
+_EAGER = 0
+
+
+@contextlib.contextmanager
+def eager():
+    """Within the block (the trainer's eager loop), the backbone kernels are off unless
+    ``MIXZOO_EAGER_KERNELS=1``: an eager step is bound by the host's launches, and a Triton launch costs
+    the host more than the PyTorch forms' launches. Graphed steps (launches captured once) and stacked
+    ones (one launch for K models) run them."""
+    global _EAGER
+    _EAGER += 1
+    try:
+        yield
+    finally:
+        _EAGER -= 1
+
+
+def enabled() -> bool:
+    """Whether the backbone kernels may run here (each also checks its own switch and device)."""
+    return _EAGER == 0 or os.environ.get("MIXZOO_EAGER_KERNELS") == "1"
 
 
 def reset() -> None:

@@ -48,4 +48,4 @@ class DeviceCheck:
 def matches(got: torch.Tensor | None, want: torch.Tensor, tol: float) -> bool:
     """Same shape and a norm-relative error within ``tol`` (``want`` is the reference, in float64)."""
     return (got is not None and got.shape == want.shape
-            and float((got.double() - want).norm() / want.norm().clamp_min(1e-30)) <= tol)
+            and float((got.detach().double().to(want.device) - want).norm() / want.norm().clamp_min(1e-30)) <= tol)

@@ -23,6 +23,7 @@ import os
 import torch
 import torch.nn.functional as F
 
+from . import enabled
 from ._check import DeviceCheck, interpreting, matches
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -39,7 +40,7 @@ def causal_conv_torch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
 
 def runs_on(x: torch.Tensor) -> bool:
     """Whether ``causal_conv`` of x (B, T, C) takes the kernels (x may be a tensor vmap batches)."""
-    return (os.environ.get("MIXZOO_CONV") != "torch" and (x.is_cuda or interpreting()) and x.dim() == 3
+    return (os.environ.get("MIXZOO_CONV") != "torch" and enabled() and (x.is_cuda or interpreting()) and x.dim() == 3
             and x.dtype in _DTYPES and not torch.compiler.is_compiling()
             and usable((x.device.index or 0) if x.is_cuda else -1))
 

@@ -20,6 +20,7 @@ import os
 import torch
 import torch.nn.functional as F
 
+from . import enabled
 from ._check import DeviceCheck, interpreting, matches
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -32,7 +33,7 @@ def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
 
 def runs_on(x: torch.Tensor) -> bool:
     """Whether ``rms_norm`` of x takes the kernels (x may be a tensor vmap batches)."""
-    return (os.environ.get("MIXZOO_RMSNORM") != "torch" and (x.is_cuda or interpreting())
+    return (os.environ.get("MIXZOO_RMSNORM") != "torch" and enabled() and (x.is_cuda or interpreting())
             and x.dtype in _DTYPES and not torch.compiler.is_compiling()
             and usable((x.device.index or 0) if x.is_cuda else -1))
 

@@ -20,6 +20,7 @@ import os
 
 import torch
 
+from . import enabled
 from ._check import DeviceCheck, interpreting, matches
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -40,7 +41,7 @@ def rope_torch(x: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
 
 def runs_on(x: torch.Tensor) -> bool:
     """Whether ``rope`` of x (B, H, T, D) takes the kernel (x may be a tensor vmap batches)."""
-    return (os.environ.get("MIXZOO_ROPE") != "torch" and (x.is_cuda or interpreting()) and x.dim() == 4
+    return (os.environ.get("MIXZOO_ROPE") != "torch" and enabled() and (x.is_cuda or interpreting()) and x.dim() == 4
             and x.shape[-1] % 2 == 0 and x.shape[-1] >= 2 and x.dtype in _DTYPES
             and not torch.compiler.is_compiling() and usable((x.device.index or 0) if x.is_cuda else -1))
 

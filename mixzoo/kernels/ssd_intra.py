@@ -23,6 +23,7 @@ import os
 
 import torch
 
+from . import enabled
 from ._check import DeviceCheck, interpreting, matches
 
 
@@ -37,7 +38,7 @@ def intra_torch(q, k, v, gc, ks):
 def runs_on(q: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether ``intra`` takes the kernels for q (B, N, C, K) and v (B, H, N, C, V) (tensors vmap may batch)."""
     C, K, V = q.shape[-2], q.shape[-1], v.shape[-1]
-    return (os.environ.get("MIXZOO_SSD") != "torch" and (q.is_cuda or interpreting())
+    return (os.environ.get("MIXZOO_SSD") != "torch" and enabled() and (q.is_cuda or interpreting())
             and q.dtype == v.dtype == torch.float32 and C in (16, 32, 64) and K <= 128 and V <= 128
             and not torch.compiler.is_compiling() and usable((q.device.index or 0) if q.is_cuda else -1))
 

@@ -24,6 +24,7 @@ import os
 import torch
 import torch.nn.functional as F
 
+from . import enabled
 from ._check import DeviceCheck, interpreting, matches
 
 
@@ -51,7 +52,7 @@ class _SwiGLU(torch.autograd.Function):
 
 def runs_on(h: torch.Tensor) -> bool:
     """Whether ``swiglu`` of h takes the kernels (h may be a tensor vmap batches)."""
-    return (os.environ.get("MIXZOO_SWIGLU") != "torch" and (h.is_cuda or interpreting())
+    return (os.environ.get("MIXZOO_SWIGLU") != "torch" and enabled() and (h.is_cuda or interpreting())
             and h.shape[-1] % 2 == 0 and h.dtype in (torch.float32, torch.bfloat16, torch.float16)
             and not torch.compiler.is_compiling()                # torch.compile fuses the PyTorch form itself
             and usable((h.device.index or 0) if h.is_cuda else -1))
