@@ -52,7 +52,8 @@ MIXERS = ["softmax", "gdn", "parallax", "mesa", "gla", "mamba", "hyena", "lla"]
 
 # optimizer=muon: the graphed step runs GraphMuon (tensor learning rates), the eager one torch.optim.Muon
 @pytest.mark.parametrize("mixer,optimizer", [(m, "adamw") for m in MIXERS] + [("softmax", "muon"), ("parallax", "muon")])
-def test_graphed_matches_eager(mixer, optimizer):
+def test_graphed_matches_eager(mixer, optimizer, monkeypatch):
+    monkeypatch.setenv("MIXZOO_EAGER_KERNELS", "1")        # the eager run on the graphed run's kernels
     from mixzoo.train import train
     task, mcfg, data, cfg, TrainConfig = _setup()
     cfg = {**cfg, "optimizer": optimizer}
@@ -67,7 +68,8 @@ def test_graphed_matches_eager(mixer, optimizer):
 
 @pytest.mark.parametrize("mode", ["stacked", "stacked+graphed"])
 @pytest.mark.parametrize("mixer", MIXERS)
-def test_stacked_matches_separate_runs(mixer, mode):
+def test_stacked_matches_separate_runs(mixer, mode, monkeypatch):
+    monkeypatch.setenv("MIXZOO_EAGER_KERNELS", "1")        # the separate runs on the stacked run's kernels
     from mixzoo.train import train
     from mixzoo.train.stacked import train_stacked
     task, mcfg, data, cfg, TrainConfig = _setup()
@@ -163,6 +165,7 @@ def _norm_kernels(fold: str, monkeypatch) -> tuple[list[str], float, torch.Tenso
     from mixzoo.models.common import RMSNorm
     from mixzoo.train.vmapfold import folding
     monkeypatch.setenv("MIXZOO_FOLD_RMS_NORM", fold)
+    monkeypatch.setenv("MIXZOO_RMSNORM", "torch")          # F.rms_norm itself, not mixzoo's norm kernel
     torch.manual_seed(0)
     ms = [RMSNorm(128).cuda() for _ in range(4)]
     for m in ms:
