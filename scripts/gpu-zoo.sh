@@ -31,6 +31,17 @@ mkdir -p $TRITON_CACHE_DIR logs
 # Triton autotune results gathered on H200s (committed: fla's first call of a shape autotunes for
 # minutes without them), then any newer ones carried in .gpu/
 for f in scripts/h200-triton-autotune.tgz .gpu/at*.tgz; do [ -f $f ] && tar xzf $f -C $TRITON_CACHE_DIR; done
+# a damaged autotune file (two processes once wrote fla's chunk_fwd_kernel_h one at once) makes Triton's
+# autotuner raise JSONDecodeError in every later run that reads it: drop such files, they are retuned
+python3 - "$TRITON_CACHE_DIR" <<'PY'
+import json, pathlib, sys
+for p in pathlib.Path(sys.argv[1]).rglob("*.autotune.json"):
+    try:
+        json.loads(p.read_text())
+    except Exception:
+        print("dropping a damaged autotune file:", p)
+        p.unlink()
+PY
 pack() {
   (cd $TRITON_CACHE_DIR && find . -name '*.autotune.json' | tar czf $OUT/at.tgz -T -)
   [ -n "$REPRO" ] && tar czf $OUT/results.tgz results

@@ -90,3 +90,24 @@ def test_off_the_gpu_the_pytorch_form_runs():
     q = torch.randn(2, 1, 64, 16)
     v = torch.randn(2, 3, 1, 64, 16)
     assert not ssd_intra.runs_on(q, v)
+
+
+FRESH_STACKED = r"""
+from mixzoo.models import RECIPES, ModelConfig
+from mixzoo.tasks.mqar import MQAR
+from mixzoo.train import TrainConfig
+from mixzoo.train.stacked import train_stacked
+task = MQAR(V=32, L=128, kv=4)
+cfg = TrainConfig(steps=2, batch_size=2, eval_every=2, n_train=8, n_val=4, n_test=4, eval_batch_size=4, lr=1e-3)
+res = train_stacked(task, "mamba", {}, ModelConfig(**RECIPES["mad"]), [cfg, cfg], [0, 1], device="cpu")
+print("RESULT", json.dumps([[r.step_mode, r.kernels] for r in res]))
+"""
+
+
+def test_a_fresh_stacked_process_runs_every_kernel():
+    """A fresh process whose first kernel call is inside a stacked (vmapped) step: each kernel's
+    self-check runs in its own thread, so vmap there does not refuse its gradients (it did, and every
+    kernel stayed off for the process)."""
+    r = run_interpreted(FRESH_STACKED, drop=("MIXZOO_SSD", "MIXZOO_RMSNORM", "MIXZOO_SWIGLU", "MIXZOO_CONV",
+                                             "MIXZOO_EAGER_KERNELS"))
+    assert r == [["stacked", "causal_conv,rmsnorm,ssd_intra,swiglu"]] * 2, r

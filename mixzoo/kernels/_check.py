@@ -2,8 +2,8 @@
 it), and the self-check that enables a kernel where it has matched its PyTorch reference."""
 from __future__ import annotations
 
-import contextlib
 import os
+import threading
 from collections.abc import Callable, Hashable
 
 import torch
@@ -18,9 +18,11 @@ class DeviceCheck:
     index, -1 for the interpreter on the CPU, or a tuple with sizes), asked once per key and
     remembered; an exception is a no.
 
-    It is asked for from a layer's forward, which stacked training runs under ``torch.func.vmap``, so
-    it runs with functorch's transforms off (under vmap its random inputs were refused and the check
-    of the dqkwg kernel answered False for the rest of the process). Inside a CUDA graph capture it
+    It is asked for from a layer's forward, which stacked training runs under ``torch.func.vmap``,
+    evaluation under ``torch.no_grad`` and training under autocast, so it runs in a thread of its own,
+    where none of them is on: under vmap a check's ``requires_grad_`` is refused even with functorch
+    disabled, and the answer No was kept for the process (on the H200 a fresh stacked run then trained
+    without any kernel; before, the dqkwg check's random inputs were refused the same way). Inside a CUDA graph capture it
     cannot run (it reads the device): the answer there is False for that call only, not remembered."""
 
     def __init__(self, check: Callable[[Hashable], bool]):
@@ -32,15 +34,19 @@ class DeviceCheck:
             return self.answers[key]
         if not interpreting() and torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             return False
-        try:
-            off = torch._C._DisableFuncTorch()
-        except AttributeError:                      # a torch without the guard: the check as it is
-            off = contextlib.nullcontext()
-        with off:
+        # in a thread of its own: functorch's transforms (vmap), grad mode and autocast are per thread, and
+        # the check needs none of its caller's (its references take gradients, in their own dtypes)
+        answer: list[bool] = []
+
+        def run() -> None:
             try:
-                ok = bool(self._check(key))
+                answer.append(bool(self._check(key)))
             except Exception:
-                ok = False
+                answer.append(False)
+        t = threading.Thread(target=run, name="mixzoo-kernel-check")
+        t.start()
+        t.join()
+        ok = bool(answer and answer[0])
         self.answers[key] = ok
         return ok
 
