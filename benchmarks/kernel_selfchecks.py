@@ -13,29 +13,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def ssd_detail(dev) -> str:
-    import torch
-
-    from mixzoo.kernels import ssd_intra as S
-    from mixzoo.kernels import ssd_intra_triton as Kt
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    out = []
-    for C, K, V in ((16, 16, 24), (64, 64, 16)):
-        B, H, N = 2, 3, 2
-        q, k = (torch.randn(B, N, C, K, generator=gen) * K ** -0.5 for _ in range(2))
-        v = torch.randn(B, H, N, C, V, generator=gen)
-        gc = (-torch.rand(B, H, N, C, generator=gen) * 0.2).cumsum(-1)
-        ks = torch.rand(B, H, N, C, generator=gen) + 0.1
-        do = torch.randn(B, H, N, C, V, generator=gen)
-        ins = [t.double().requires_grad_() for t in (q, k, v, gc, ks)]
-        want = S.intra_torch(*ins)
-        wants = torch.autograd.grad(want, ins, do.double())
-        args = [t.to(dev) for t in (q, k, v, gc, ks)]
-        got = Kt.forward(*args)
-        gots = Kt.backward(*args, do.to(dev))
-        errs = [float((a.double().cpu() - b).norm() / b.norm()) for a, b in [(got, want.detach()), *zip(gots, wants)]]
-        out.append(f"C={C} K={K} V={V}: " + " ".join(f"{e:.1e}" for e in errs))
-    return "; ".join(out)
+def ssd_detail(idx: int) -> str:
+    from mixzoo.kernels import ssd_intra
+    return "; ".join(f"C={c} K={k} V={v}: " + " ".join(f"{e:.1e}" for e in errs)
+                     for (c, k, v), errs in ssd_intra.errors_here(idx))
 
 
 def main() -> int:
@@ -51,7 +32,7 @@ def main() -> int:
         except Exception:
             print(f"{name}: raised\n{traceback.format_exc()}", flush=True)
     try:
-        print("ssd_intra errors (o, dq, dk, dv, dg, dks):", ssd_detail(dev), flush=True)
+        print("ssd_intra errors (o, dq, dk, dv, dg, dks):", ssd_detail(idx), flush=True)
     except Exception:
         print(f"ssd_intra detail raised\n{traceback.format_exc()}", flush=True)
     return 0
