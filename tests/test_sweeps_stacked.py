@@ -78,6 +78,16 @@ def test_space_with_a_non_stackable_knob_falls_back_once(tmp_path, capsys):
     _one_row_per_seed(res, 1)
 
 
+def test_a_one_choice_entry_of_a_non_stackable_knob_still_stacks(tmp_path, capsys):
+    # ["cat", [1]] fixes the knob for every trial (the figures' conv_size = 1): it does not vary
+    extra = '[pruner]\nkind = "none"\n[search.softmax]\nrope = ["cat", [false]]\n'
+    res, st, search = _sweep(tmp_path, "one-choice", 3, extra=extra, trials=3, seeds=1)
+    assert sorted(search) == [0, 1, 2] and all(t.state.name == "COMPLETE" for t in search.values())
+    assert all(t.user_attrs.get("step_mode") == "stacked" and t.params["rope"] is False for t in search.values())
+    assert "not used" not in capsys.readouterr().out
+    _one_row_per_seed(res, 1)
+
+
 def test_sigkill_of_a_worker_holding_a_stacked_batch_then_rerun(tmp_path):
     spec = write_spec(tmp_path / "kill.toml", name="t-stack-kill", models=["softmax"], trials=3, seeds=2,
                       extra='stack = 3\ndefault_budget = "slow"\n' + ENQ + '[budgets.slow.train]\nsteps = 200\n')

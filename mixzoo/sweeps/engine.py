@@ -601,10 +601,12 @@ def stack_blocker(u: Unit, params: dict[str, Any] | None = None) -> str | None:
     """Why ``u``'s trials cannot be trained as one stacked batch (``train_stacked``'s contract: the
     runs differ only in seed, lr (muon_lr) and weight_decay; adamw or muon; compile off), or None when
     they can.
-    ``params`` None: the search trials (the space may vary only lr and weight_decay); else the
+    ``params`` None: the search trials (the space may vary only lr and weight_decay; an entry of one
+    choice does not vary); else the
     final runs of that configuration (the same one, over seeds)."""
     if params is None:
-        other = [k for k in u.space if k not in STACKABLE]
+        # a categorical of one choice does not vary: every trial takes it (as the final runs take theirs)
+        other = [k for k, d in u.space.items() if k not in STACKABLE and not (d[0] == "cat" and len(set(map(repr, d[1]))) == 1)]
         if other:
             return (f"its search space varies {', '.join(other)} (a stacked batch may differ only in "
                     f"{', '.join(STACKABLE)} and the seed)")
