@@ -89,3 +89,16 @@ def test_off_the_gpu_the_pytorch_form_runs_unchanged():
     x = torch.randn(2, 3, 16)
     a, b = m.fc1(x).chunk(2, dim=-1)
     assert torch.equal(m(x), m.fc2(torch.nn.functional.silu(a) * b))
+
+
+def test_the_mad_recipe_s_swiglu_is_mad_s_width():
+    # MAD's GLU (mad/model/layers/mlp.py): int(2 * dim * 4 / 3) rounded up to a multiple of 16
+    from mixzoo.models import build_model
+    from mixzoo.models.backbones import RECIPES, ModelConfig, mlp_hidden
+    assert [mlp_hidden(d, "swiglu", 4.0) for d in (128, 64, 96, 256)] == [352, 176, 256, 688]
+    assert mlp_hidden(128, "gelu", 4.0) == 512
+    cfg = ModelConfig(**{**RECIPES["mad"], "n_layers": 1})
+    m = build_model("lm", "softmax", {}, cfg, vocab=16)
+    mlp = next(mod for mod in m.modules() if type(mod).__name__ == "MLP")
+    assert tuple(mlp.fc1.weight.shape) == (2 * 352, 128) and tuple(mlp.fc2.weight.shape) == (128, 352)
+
