@@ -243,3 +243,16 @@ def test_lla_precision_level_without_per_step_device_reads(monkeypatch):
     assert float(m.ridge().min()) == pytest.approx(MIN_LEARNED_RIDGE)
     assert m.precision(m.ridge()) == real(10.0)              # one step behind
     assert m.precision(m.ridge()) == real(0.5 * MIN_LEARNED_RIDGE) == 3
+
+
+def test_softmax_attn_backend_knob():
+    from mixzoo.models.softmax import ATTN_BACKENDS, SoftmaxAttention
+    with pytest.raises(ValueError, match="allowed: auto, flash"):
+        SoftmaxAttention(32, num_heads=2, attn_backend="fast")
+    torch.manual_seed(0)
+    x = torch.randn(2, 9, 32)
+    ref = SoftmaxAttention(32, num_heads=2)
+    for b in ATTN_BACKENDS:             # off the GPU every value runs PyTorch's own choice: auto's numbers
+        m = SoftmaxAttention(32, num_heads=2, attn_backend=b)
+        m.load_state_dict(ref.state_dict())
+        assert torch.equal(m(x), ref(x)) and m.backend == ("sdpa" if b == "auto" else f"sdpa-{b}")
