@@ -88,6 +88,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     try:
+        from .kernels import switch_error
+        if switch_error():
+            raise UsageError(switch_error())
         from .registry import load_plugin_file
         for path in args.plugin:
             load_plugin_file(path)

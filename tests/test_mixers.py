@@ -245,14 +245,20 @@ def test_lla_precision_level_without_per_step_device_reads(monkeypatch):
     assert m.precision(m.ridge()) == real(0.5 * MIN_LEARNED_RIDGE) == 3
 
 
-def test_softmax_attn_backend_knob():
-    from mixzoo.models.softmax import ATTN_BACKENDS, SoftmaxAttention
-    with pytest.raises(ValueError, match="allowed: auto, flash"):
-        SoftmaxAttention(32, num_heads=2, attn_backend="fast")
+
+
+def test_mixzoo_sdpa_switch(monkeypatch, capsys):
+    from mixzoo.cli import main
+    from mixzoo.kernels import SDPA_BACKENDS
+    from mixzoo.models.softmax import SoftmaxAttention
     torch.manual_seed(0)
     x = torch.randn(2, 9, 32)
-    ref = SoftmaxAttention(32, num_heads=2)
-    for b in ATTN_BACKENDS:             # off the GPU every value runs PyTorch's own choice: auto's numbers
-        m = SoftmaxAttention(32, num_heads=2, attn_backend=b)
-        m.load_state_dict(ref.state_dict())
-        assert torch.equal(m(x), ref(x)) and m.backend == ("sdpa" if b == "auto" else f"sdpa-{b}")
+    m = SoftmaxAttention(32, num_heads=2)
+    ref = m(x)
+    for b in SDPA_BACKENDS:             # off the GPU the switch is not read: PyTorch's own choice
+        monkeypatch.setenv("MIXZOO_SDPA", b)
+        assert torch.equal(m(x), ref)
+    monkeypatch.setenv("MIXZOO_SDPA", "fast")           # bad input: one line, exit code 2, before any command
+    assert main(["reproduce", "--list"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["mixzoo: error: MIXZOO_SDPA='fast'; allowed: flash, efficient, cudnn, math (or unset)"], err

@@ -10,6 +10,18 @@ import os
 
 RAN: set[str] = set()
 _EAGER = 0
+# the switches that pick a kernel by name (the others are on/off); checked once at the command line
+SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
+NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS}
+
+
+def switch_error() -> str | None:
+    """What is wrong with the named switches in the environment (one line), or None."""
+    for var, allowed in NAMED_SWITCHES.items():
+        v = os.environ.get(var, "")
+        if v and v not in allowed:
+            return f"{var}={v!r}; allowed: {', '.join(allowed)} (or unset)"
+    return None
 
 
 @contextlib.contextmanager

@@ -2,23 +2,30 @@
 from __future__ import annotations
 
 import contextlib
+import os
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import kernels
+from ..errors import UsageError
 from ..registry import register_mixer
 from .common import merge_heads, rope, split_heads
 
-# SDPA's kernels on a GPU: "auto" lets PyTorch pick (cuDNN first on Hopper), the others pin one (an
-# error where it cannot run the shape); off the GPU every value runs PyTorch's own choice
-ATTN_BACKENDS = ("auto", "flash", "efficient", "cudnn", "math")
 
-
-def _backend(name: str):
-    if name == "auto":
+# SDPA's kernel on a GPU: PyTorch's choice (cuDNN first on Hopper) unless MIXZOO_SDPA names one of
+# kernels.SDPA_BACKENDS (an error where that one cannot run the shape). How a step executes, not what it
+# computes, so an environment switch like the kernels' rather than a constructor knob (knobs are part of a
+# run's hash); a pinned kernel is recorded with the kernels that ran (the leaderboard's `kernels` column).
+def _sdpa_backend(x: torch.Tensor):
+    name = os.environ.get("MIXZOO_SDPA", "")
+    if not name or not x.is_cuda:
         return contextlib.nullcontext()
+    if name not in kernels.SDPA_BACKENDS:
+        raise UsageError(kernels.switch_error())
     from torch.nn.attention import SDPBackend, sdpa_kernel
+    kernels.RAN.add(f"sdpa-{name}")
     return sdpa_kernel({"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
                         "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}[name])
 
@@ -36,23 +43,20 @@ class SoftmaxAttention(nn.Module):
     """Causal multi-head softmax attention (SDPA), rotary positions on q and k."""
 
     def __init__(self, d_model: int, *, num_heads: int = 2, layer_idx: int = 0,
-                 rope: bool = True, dropout: float = 0.0, attn_backend: str = "auto"):
+                 rope: bool = True, dropout: float = 0.0):
         super().__init__()
         if d_model % num_heads:
             raise ValueError(f"d_model={d_model} not divisible by num_heads={num_heads}")
-        if attn_backend not in ATTN_BACKENDS:
-            raise ValueError(f"attn_backend={attn_backend!r}; allowed: {', '.join(ATTN_BACKENDS)}")
         self.h, self.use_rope, self.dropout = num_heads, rope, dropout
-        self.attn_backend = attn_backend
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.out = nn.Linear(d_model, d_model, bias=False)
-        self.backend = "sdpa" if attn_backend == "auto" else f"sdpa-{attn_backend}"
+        self.backend = "sdpa"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = (split_heads(t, self.h) for t in self.qkv(x).chunk(3, dim=-1))
         if self.use_rope:
             q, k = rope(q), rope(k)
-        with _backend(self.attn_backend if x.is_cuda else "auto"):
+        with _sdpa_backend(x):
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True,
                                                dropout_p=self.dropout if self.training else 0.0)
         return self.out(merge_heads(o))
