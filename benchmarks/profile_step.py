@@ -118,6 +118,31 @@ def _source(stack: list[str]) -> str:
     return " <- ".join(f.split("/")[-1] for f in keep[:3]) or "(other)"
 
 
+def _stack_kwargs(by_source: bool) -> dict:
+    """with_stack alone leaves the events' stacks empty in torch 2.11-2.13 (every operator came out as
+    "(other)" on the H200); the profiler records them with its verbose experimental config."""
+    if not by_source:
+        return {}
+    try:
+        from torch._C._profiler import _ExperimentalConfig
+        return dict(with_stack=True, experimental_config=_ExperimentalConfig(verbose=True))
+    except (ImportError, TypeError):
+        return dict(with_stack=True)
+
+
+def _by_source(prof, steps: int, total: float, top: int, attr: str) -> list[dict]:
+    """The aten operators by the Python lines (mixzoo's, fla's) that called them, by ``attr`` time."""
+    src: dict[str, list[float]] = {}
+    for a in prof.key_averages(group_by_stack_n=12):
+        if a.key.startswith("aten::") and getattr(a, attr) > 0:
+            c = src.setdefault(f"{a.key} @ {_source(a.stack)}", [0.0, 0.0])
+            c[0] += a.count
+            c[1] += getattr(a, attr)
+    return [dict(name=k, per_step=c / steps, us_per_step=t / steps, mean_us=t / max(1, c),
+                 share=(t / steps) / total if total else 0.0)
+            for k, (c, t) in sorted(src.items(), key=lambda kv: -kv[1][1])[:top]]
+
+
 def profile(step, dev, steps: int, warmup: int, top: int, by_source: bool = False) -> dict:
     import torch
     from torch.profiler import ProfilerActivity
@@ -126,7 +151,7 @@ def profile(step, dev, steps: int, warmup: int, top: int, by_source: bool = Fals
         step()
     sync()
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
-    with torch.profiler.profile(activities=acts, with_stack=by_source) as prof:
+    with torch.profiler.profile(activities=acts, **_stack_kwargs(by_source)) as prof:
         t = time.perf_counter()
         for _ in range(steps):
             step()
@@ -161,16 +186,7 @@ def profile(step, dev, steps: int, warmup: int, top: int, by_source: bool = Fals
                                    mean_us=a.self_device_time_total / max(1, a.count),
                                    share=(a.self_device_time_total / steps) / busy if busy else 0.0) for a in ops[:top]]
             if by_source:
-                src: dict[str, list[float]] = {}
-                for a in prof.key_averages(group_by_stack_n=12):
-                    if a.key.startswith("aten::") and a.self_device_time_total > 0:
-                        k = f"{a.key} @ {_source(a.stack)}"
-                        c = src.setdefault(k, [0.0, 0.0])
-                        c[0] += a.count
-                        c[1] += a.self_device_time_total
-                out["top_sources"] = [dict(name=k, per_step=c / steps, us_per_step=t / steps, mean_us=t / max(1, c),
-                                           share=(t / steps) / busy if busy else 0.0)
-                                      for k, (c, t) in sorted(src.items(), key=lambda kv: -kv[1][1])[:top]]
+                out["top_sources"] = _by_source(prof, steps, busy, top, "self_device_time_total")
         except Exception as e:
             out["top_ops_error"] = f"{type(e).__name__}: {e}"
     else:
@@ -182,6 +198,8 @@ def profile(step, dev, steps: int, warmup: int, top: int, by_source: bool = Fals
                    top=[dict(name=a.key, per_step=a.count / steps, us_per_step=a.self_cpu_time_total / steps,
                              mean_us=a.self_cpu_time_total / max(1, a.count),
                              share=(a.self_cpu_time_total / steps) / total if total else 0.0) for a in rows[:top]])
+        if by_source:
+            out["top_sources"] = _by_source(prof, steps, total, top, "self_cpu_time_total")
     return out
 
 
@@ -207,9 +225,10 @@ def table(name: str, r: dict) -> str:
     add(r["top"])
     if r.get("top_ops_error"):
         lines.append(f"\n(operator attribution failed: {r['top_ops_error']})")
+    unit, of = ("device us", "busy") if r["kind"] == "cuda" else ("self CPU us", "self CPU")
     for key, what in (("top_ops", "operator"), ("top_sources", "operator @ where it was called")):
         if r.get(key):
-            lines.append(f"\n| {what} | per step | device us a step | mean us | share of busy |\n|---|---|---|---|---|")
+            lines.append(f"\n| {what} | per step | {unit} a step | mean us | share of {of} |\n|---|---|---|---|---|")
             add(r[key])
     return "\n".join(lines)
 

@@ -224,6 +224,12 @@ def test_profile_step_runs_on_the_cpu(tmp_path):
     assert "softmax (sdpa), eager, shape tiny" in md and "stacked K=2" in md and "`aten::" in md
     res = json.loads((tmp_path / "profile_step.json").read_text())["results"]
     assert all(r["kind"] == "cpu" and r["ops_per_step"] > 0 and len(r["top"]) == 4 for r in res.values())
+    # --by-source names the Python lines behind the operators (the stacks were empty without the verbose config)
+    assert mod.main(["--shape", "tiny", "--mixers", "softmax", "--steps", "1", "--warmup", "1", "--top", "30",
+                     "--device", "cpu", "--by-source", "--out", str(tmp_path)]) == 0
+    (r,) = json.loads((tmp_path / "profile_step.json").read_text())["results"].values()
+    named = [t["name"] for t in r["top_sources"] if not t["name"].endswith("(other)")]
+    assert any("softmax.py" in n for n in named), r["top_sources"]
 
 
 def test_a_packed_cell_names_every_worker_s_backend():
