@@ -298,10 +298,12 @@ class RunSpec:
     def _content(self, *leave_out: str) -> str:
         d = {k: v for k, v in self.to_dict().items() if k not in (*_NOT_HASHED, *leave_out)}
         d["train"] = {k: v for k, v in d["train"].items() if k not in execution_keys()}
-        if d["backbone"].get("mlp") == "swiglu":
-            # the SwiGLU's inner width became MAD's (rounded up to a multiple of 16) after runs at the
-            # unrounded width were stored: a run at the new width must not resume or join those
-            d["backbone"] = {**d["backbone"], "swiglu_multiple_of": 16}
+        bb = d["backbone"]
+        if bb.get("mlp", "none") != "none":
+            # the MLP's inner width is derived (models.backbones.mlp_hidden), not a field: hash it, so that a
+            # change of the rule (SwiGLU's went from 341 to MAD's 352 at width 128) is a different run
+            from .models.backbones import mlp_hidden
+            d["backbone"] = {**bb, "mlp_hidden": mlp_hidden(int(bb["d_model"]), bb["mlp"], float(bb["mlp_mult"]))}
         blob = json.dumps(d, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

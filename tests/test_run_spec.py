@@ -198,3 +198,13 @@ def test_each_leaderboard_action_has_its_own_help(capsys):
     with pytest.raises(SystemExit):
         main(["leaderboard"])
     assert "required" in capsys.readouterr().err
+
+
+def test_the_hash_names_the_mlp_s_derived_width(monkeypatch):
+    # the inner width is derived from (d_model, mlp, mlp_mult) by a rule; a change of the rule is another run
+    from mixzoo.models import backbones
+    mad = lambda: build("mad-recall", "softmax", knobs={}, preset=None, hparams={}, recipe="mad", label="t").hash  # noqa: E731
+    zoo = lambda: build("mqar", "softmax", knobs={}, preset=None, hparams={}, recipe="zoology", label="t").hash  # noqa: E731
+    before = mad(), zoo()
+    monkeypatch.setattr(backbones, "mlp_hidden", lambda d, kind, mult: 341)
+    assert mad() != before[0] and zoo() == before[1]       # no MLP (zoology): nothing derived to hash
