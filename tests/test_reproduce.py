@@ -365,6 +365,27 @@ def test_measured_cost_sums_the_pieces_of_an_interrupted_run(tmp_path):
     assert cost.measured([tmp_path], "lla-fig6", "paper") is None
 
 
+def test_an_unmeasured_scale_is_estimated_from_a_measured_one(tmp_path):
+    """The paper scale's estimate carries the small run's measured/estimated ratio; a CPU run does not count."""
+    from mixzoo.reproduce import cost, get
+    from mixzoo.reproduce.cli import _cost_cell
+    fig = get("lla-fig6")
+    assert cost.calibrated(fig, "paper", [tmp_path]) is None
+    cost.append_record(tmp_path, "lla-fig6", {"scale": "small", "wall_s": 600, "rc": 0, "complete": True,
+                                              "device": "cpu", "finished": "2026-12-02T01:00:00+00:00"})
+    assert cost.calibrated(fig, "paper", [tmp_path]) is None
+    other = tmp_path / "gpu"
+    cost.append_record(other, "lla-fig6", {"scale": "small", "wall_s": 600, "rc": 0, "complete": True,
+                                           "device": "NVIDIA H200", "finished": "2026-12-02T01:00:00+00:00"})
+    c = cost.calibrated(fig, "paper", [other])
+    e_small, e_paper = cost.estimate(fig, "small")["seconds"], cost.estimate(fig, "paper")["seconds"]
+    assert c["from"] == "small" and abs(c["factor"] - 600 / e_small) < 1e-9
+    assert abs(c["seconds"] - e_paper * 600 / e_small) < 1e-6
+    cell = _cost_cell(fig, "paper", [other])
+    assert cell.startswith("not measured (estimate ") and "as measured at small" in cell
+    assert _cost_cell(fig, "small", [other]).startswith("10 min measured (NVIDIA H200")
+
+
 def test_add_parser_for_another_command_line():
     import argparse
 

@@ -42,6 +42,10 @@ def _cost_cell(fig, scale: str, dirs) -> str:
         return f"{cost.fmt_duration(m['seconds'])} measured ({m['device']}, {m['date']})"
     if scale == "smoke":
         return "not measured (CPU, seconds)"
+    c = cost.calibrated(fig, scale, dirs)
+    if c is not None:
+        return (f"not measured (estimate {cost.fmt_duration(c['seconds'])}, one H200: anchors "
+                f"{cost.fmt_duration(c['anchors_seconds'])} x {c['factor']:.2f} as measured at {c['from']})")
     e = cost.estimate(fig, scale)
     return f"not measured (estimate {cost.fmt_duration(e['seconds'])}, one H200)"
 
@@ -59,7 +63,8 @@ def list_main(args) -> int:
     print(format_table(["name", "figure", "kind", "mechanisms", "settings smoke/small/paper", "cost smoke",
                         "cost small", "cost paper"], body))
     print("mechanisms: the paper's + ours beside them. Estimates come from the README's H200 anchors "
-          "(mixzoo/reproduce/cost.py); a cost is 'measured' once a run at that scale finished here or in the "
+          "(mixzoo/reproduce/cost.py), scaled by measured/estimated at another scale once one finished on a GPU "
+          "('x F as measured at small'); a cost is 'measured' once a run at that scale finished here or in the "
           "reference results.")
     return 0
 

@@ -156,6 +156,27 @@ def measured(dirs, name: str, scale: str) -> dict | None:
     return None
 
 
+def calibrated(fig: Figure, scale: str, dirs) -> dict | None:
+    """An estimate of ``fig`` at ``scale`` scaled by a measurement at another scale: the anchors'
+    estimate here x (measured / estimated) at the first other non-smoke scale that finished on a GPU.
+    The anchors are eager single-process rates; a measured run used the modes a sweep picks on that
+    device (stacked+graphed on a GPU) and the run's packing, so the measured/estimated factor carries
+    those over (a measurement taken beside other runs on the same GPU makes it an upper bound).
+    None until such a measurement exists."""
+    for other in ("small", "paper"):
+        if other == scale or other not in fig.scales:
+            continue
+        m = measured(dirs, fig.name, other)
+        if m is None or not m["seconds"] or "cpu" in str(m.get("device") or "cpu").lower():
+            continue
+        e_other, e_here = estimate(fig, other)["seconds"], estimate(fig, scale)["seconds"]
+        f = m["seconds"] / e_other
+        return {"seconds": e_here * f, "factor": f, "from": other, "anchors_seconds": e_here,
+                "basis": f"the anchors' estimate x {f:.2f}, the measured/estimated ratio of the {other} run "
+                         f"({fmt_duration(m['seconds'])} on {m['device']}, {m['date']}), not measured"}
+    return None
+
+
 def fmt_duration(s: float) -> str:
     if s < 90:
         return f"{s:.0f} s"
