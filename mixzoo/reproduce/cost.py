@@ -1,5 +1,6 @@
 """What a figure costs at a scale: measured (from the run records a reproduction writes) or, until
-then, an estimate from the anchors the README measured on one H200 (2026-11-29 .. 12-01).
+then, an estimate from the anchors the README measured on one H200 (2026-11-29 .. 12-01), scaled by
+measured/estimated at another scale of the figure once one has finished on a GPU (``calibrated``).
 
 The estimate for a trained figure, per run (every grid point and every final seed of every
 (setting, mechanism); no early stop, so an upper bound on steps):
