@@ -204,6 +204,23 @@ def test_mad_projection_from_a_rates_file(tmp_path, capsys):
     assert math.isfinite(project_mad(f, variant="settings")["hours"]["softmax"]["eager"])
 
 
+def test_mad_projection_as_a_sweep_runs_a_study():
+    """Trials at the K = trials rate, then seeds at the K = seeds rate: 6/9 and 3/9 of the work."""
+    from mixzoo.bench.throughput import mad_protocol, project_mad, projection_table
+    rows = [dict(shape="mad", mixer="gdn", mode="stacked+graphed", K=K, P=1, state="COMPLETE", model_steps_per_s=v)
+            for K, v in ((16, 500.0), (6, 400.0), (3, 250.0))]
+    rows.append(dict(shape="mad", mixer="softmax", mode="stacked+graphed", K=16, P=1, state="COMPLETE",
+                     model_steps_per_s=1000.0))
+    p = project_mad({"rows": rows})
+    cell = "sweep: stacked+graphed K=6, then K=3"
+    work = mad_protocol()
+    assert p["hours"]["gdn"][cell] == pytest.approx((work * 6 / 9 / 400 + work * 3 / 9 / 250) / 3600)
+    assert cell not in p["hours"]["softmax"] and not math.isfinite(p["total"][cell])    # softmax lacks K = 6, 3
+    assert p["best_cell"]["gdn"] == "stacked+graphed K=16" and cell in projection_table(p)
+    assert cell.replace("K=6", "K=4") in project_mad({"rows": rows + [
+        dict(rows[1], K=4)]}, trials=4)["hours"]["gdn"]
+
+
 def test_layer_bytes_counts_a_layer_on_the_cpu():
     spec = importlib.util.spec_from_file_location("layer_bytes", ROOT / "benchmarks" / "layer_bytes.py")
     mod = importlib.util.module_from_spec(spec)

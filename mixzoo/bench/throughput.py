@@ -509,17 +509,25 @@ def project_mad(rates: dict | str | Path, shape: str = "mad", variant: str = "re
         cell = cell_label(r["mode"], r["K"], r["P"])
         table.setdefault(r["mixer"], {})[cell] = work / rate / 3600
         stacks[cell] = (r["K"], r["P"])
+    # as a sweep's worker runs a study: its trials stacked (K = trials), then its seeds (K = seeds), one
+    # process, each share of the work at the rate measured for that K
+    trials, seeds = kw.get("trials", 6), kw.get("seeds", 3)
+    sweep_cell = f"sweep: stacked+graphed K={trials}, then K={seeds}"
+    for t in table.values():
+        at = {k: t.get(cell_label("stacked+graphed", k, 1)) for k in (trials, seeds)}
+        if all(v is not None for v in at.values()):
+            t[sweep_cell] = (trials * at[trials] + seeds * at[seeds]) / (trials + seeds)
+            stacks[sweep_cell] = (trials, 1)
     cells = list(dict.fromkeys(c for t in table.values() for c in t))
     best = {m: min(t.values()) for m, t in table.items()}
     best_cell = {m: min(t, key=t.get) for m, t in table.items()}
     total = {c: sum(t[c] for t in table.values()) if all(c in t for t in table.values()) else float("nan")
              for c in cells}
     # a sweep's worker stacks the trials of one study at a time: MAD's 6 (and then its 3 seeds)
-    trials = kw.get("trials", 6)
     over = sorted({c for c in best_cell.values() if stacks[c][0] > trials})
     return dict(variant=variant, work_baseline_steps=work, shape=shape, cells=cells, hours=table, best=best,
                 best_cell=best_cell, total=total, total_best=sum(best.values()), device=rates.get("device"),
-                over_stacked=over, trials=trials)
+                over_stacked=over, trials=trials, seeds=seeds)
 
 
 def projection_table(p: dict) -> str:
@@ -537,7 +545,8 @@ def projection_table(p: dict) -> str:
         out.append(f"\nNote: {c} stacks more models per process than a sweep's worker does here (it stacks the "
                    f"{p['trials']} trials, then the seeds, of one study at a time); that rate is reached only "
                    f"with several workers per GPU adding up to it (measure a `--pack stacked+graphed:"
-                   f"{p['trials']}` cell with --procs).")
+                   f"{p['trials']}` cell with --procs); the 'sweep:' column, where measured, is one worker's "
+                   f"rate as it runs a study (`--K {p['trials']},{p['seeds']}`).")
     return "\n".join(out)
 
 
