@@ -277,6 +277,15 @@ def test_smoke_runs_end_to_end_then_resumes_with_no_new_work(name, tmp_path, cap
     listing = capsys.readouterr().out
     line = next(x for x in listing.splitlines() if x.startswith(name + " "))
     assert "measured (cpu" in line and "not measured (estimate" in line
+    # the HTML report carries the same tables: each claim with the verdict the Markdown table gives it
+    assert main(["--results", str(res), "leaderboard", "report"]) == 0
+    page = (res / "report.html").read_text()
+    sec = page[page.index(f'id="repro-{name}-smoke"'):]
+    for c in fig.claims:
+        cells = next(x for x in table.splitlines() if x.startswith(f"| {c.id} |")).split(" | ")
+        verdict = next(x for x in cells if x.startswith("**")).strip("*")
+        row = sec[sec.index(f"<tr><td>{c.id}</td>"):]
+        assert f"<td>{verdict}</td>" in row[:row.index("</tr>")]
 
 
 @pytest.mark.parametrize("name", ["lla-fig4", "lla-fig5a", "lla-fig5b", "parallax-mad", "parallax-mad-hard"])

@@ -118,6 +118,33 @@ def _commands(rows: list[dict]) -> str:
             "</details>")
 
 
+def _plain_table(headers: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f'<td class="num">{_e(c)}</td>' if _numeric(c) else f"<td>{_e(c)}</td>"
+                                    for c in r) + "</tr>" for r in rows)
+    return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+
+
+def _reproductions(rows: list[dict], results: str) -> list[tuple[str, str, str]]:
+    """(anchor, title, HTML) per reproduced figure and scale among ``rows``: ours beside the paper's
+    per point and mechanism, and each claim's verdict, the tables `mixzoo reproduce` writes."""
+    from ..reproduce.run import scale_results
+    from ..reproduce.table import claim_rows, value_rows
+    from ..reproduce.verdict import RULE
+    out = []
+    for fig, scale, res, verdicts, meta in scale_results(rows, results):
+        h, vrows = value_rows(fig, res)
+        claims = [[c.replace("**", "") for c in r] for r in claim_rows(verdicts)]
+        body = (f'<p class="note">{_e(fig.paper)}, {_e(fig.figure)}: {_e(fig.title)}. {len(res.seeds)} seeds; '
+                f"{meta['rows']} rows; devices: {_e(meta.get('devices') or '-')}; git: {_e(meta.get('git') or '-')}; "
+                f"produced by <code>{_e(meta.get('command') or '-')}</code>; {_e(meta.get('when', ''))}.</p>"
+                + _plain_table(h, vrows) + "<h3>Claims</h3>"
+                + _plain_table(["claim", "the paper's words", "source", "tested", "verdict", "detail"], claims)
+                + f'<p class="note">{_e(RULE)}</p>')
+        out.append((f"repro-{fig.name}-{scale}", f"{fig.name} (scale {scale})", body))
+    return out
+
+
 def render(rows: list[dict], *, results: str = "", warnings: list[str] | None = None,
            figdir: Path | None = None, ttr: tuple[dict, int | None] | None = None,
            curves: list[dict] | None = None) -> str:
@@ -136,10 +163,16 @@ def render(rows: list[dict], *, results: str = "", warnings: list[str] | None = 
              f"{len({r.get('run_id', '').rsplit('-s', 1)[0] for r in rows})} runs, {len(tasks)} tasks, "
              f"{len({b.model for b in bests})} mechanisms.</p>",
              f'<p class="note">{_e(PROTOCOL)}</p>']
+    try:
+        repro = _reproductions(rows, results)
+    except Exception as e:  # a reproduction that cannot be tabulated must not lose the report
+        warnings.append(f"reproduction tables not built: {type(e).__name__}: {e}")
+        repro = []
     for w in warnings:
         parts.append(f'<div class="warn">{_e(w)}</div>')
     toc = ([("mad", "MAD score")] if any(b.task in MAD_TASKS for b in bests) else []) + \
         ([("rank", "Ranking per task")] if bests else []) + [(f"task-{t}", t) for t in tasks] + \
+        ([("repro", "Reproductions of the papers")] if repro else []) + \
         [("provenance", "Provenance"), ("commands", "Every result and its command")]
     parts.append('<p class="note">Contents: ' + " · ".join(f'<a href="#{_e(a)}">{_e(t)}</a>' for a, t in toc) + "</p>")
 
@@ -181,6 +214,12 @@ def render(rows: list[dict], *, results: str = "", warnings: list[str] | None = 
         parts.append('<p class="note">The leaderboard is empty.</p>')
     elif not done:
         parts.append('<p class="note">No COMPLETE rows yet.</p>')
+    if repro:
+        parts.append('<h2 id="repro">Reproductions of the papers</h2><p class="note">Per figure and scale '
+                     "(<code>mixzoo reproduce NAME</code>): ours beside the paper's value per point and "
+                     "mechanism, then each claim's verdict. " + " · ".join(
+                         f'<a href="#{_e(a)}">{_e(t)}</a>' for a, t, _ in repro) + "</p>")
+        parts += [f'<h3 id="{_e(a)}">{_e(t)}</h3>{b}' for a, t, b in repro]
     diag = _diagnostics(rows)
     if diag is not None:
         parts += ['<h2 id="diagnostics">Mechanism diagnostics</h2>', table_html(diag)]

@@ -68,6 +68,23 @@ def tabulate(fig: Figure, results, *, scale: str, seeds: int | None, out: bool =
     return mine, verdicts
 
 
+def scale_results(rows: list[dict], results) -> list[tuple[Figure, str, Results, list, dict]]:
+    """Every (figure, scale) with rows among ``rows``: its results, the claims' verdicts and the
+    provenance, as ``tabulate`` computes them (what the HTML report shows beside the leaderboard)."""
+    from . import figures
+    out = []
+    for fig in figures().values():
+        recs = cost.records(results, fig.name) if results else []
+        for sc in SCALES:
+            these = _rows_of(rows, fig, sc)
+            if not these:
+                continue
+            mine = [r for r in recs if r.get("scale") == sc]
+            res = Results(fig, sc, these, mine[-1].get("seeds") if mine else None)
+            out.append((fig, sc, res, evaluate_all(fig.claims, res), _meta(these, results, mine)))
+    return out
+
+
 def _device_name(device: str | None) -> str:
     try:
         import torch
