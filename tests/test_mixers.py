@@ -71,7 +71,7 @@ def test_parallax_reference_matches_fla_naive():
     torch.testing.assert_close(parallax_reference(q, r, k, v), want.to(torch.float64), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("chunk", [4, 16, 64])
+@pytest.mark.parametrize("chunk", [4, 16, 32, 64])     # 10, 3, 2 and 1 chunks of T = 37
 def test_chunked_scans_match_step_recurrences(chunk):
     from mixzoo.models._scan import gated_delta_chunk, gated_delta_recurrent, simple_gla_chunk, simple_gla_recurrent
     g0 = torch.Generator().manual_seed(0)

@@ -94,26 +94,31 @@ def simple_gla_chunk(q, k, v, g, *, scale: float = 1.0, neg: torch.Tensor | None
     if ks is not None:
         to_end = to_end * ks
     if N > 1:
-        w = vc * to_end.unsqueeze(-1)                                    # (B, H, N, C, V)
-        if shared:                                                       # (B, N, K, H, V)
-            states = (kc[:, 0].transpose(-1, -2) @ w.permute(0, 2, 3, 1, 4).flatten(3)).unflatten(-1, (H, V))
+        # chunk n reads the states of chunks m < n: the last chunk's state is never read, so states are
+        # formed for chunks 0..N-2 and the carried state added to chunks 1..N-1 only
+        w = vc[:, :, :-1] * to_end[:, :, :-1].unsqueeze(-1)              # (B, H, N-1, C, V)
+        if shared:                                                       # (B, N-1, K, H, V)
+            states = (kc[:, 0, :-1].transpose(-1, -2) @ w.permute(0, 2, 3, 1, 4).flatten(3)).unflatten(-1, (H, V))
         else:
-            states = kc.transpose(-1, -2) @ w                            # (B, H, N, K, V)
-        cum = chunk_decay.cumsum(-1)                                     # (B, H, N)
-        # state entering chunk n = Σ_{m<n} (decay of chunks m+1..n-1) states_m
-        dm = (cum[..., :, None] - chunk_decay[..., :, None]) - cum[..., None, :]
-        strict = torch.ones(N, N, dtype=torch.bool, device=q.device).tril(-1)
-        M = dm.masked_fill(~strict, float("-inf")).exp()                 # (B, H, N, N)
-        if neg is not None:
-            cp = chunk_par.cumsum(-1)
-            M = M * _sign_from_parity((cp - chunk_par)[..., :, None] - cp[..., None, :])
-        if shared:
-            enter = torch.einsum("bhnm,bmkhv->bnkhv", M, states)         # (B, N, K, H, V)
-            inter = (qc[:, 0] @ enter.flatten(3)).unflatten(-1, (H, V)).permute(0, 3, 1, 2, 4)
+            states = kc[:, :, :-1].transpose(-1, -2) @ w                 # (B, H, N-1, K, V)
+        if N == 2:
+            enter = states                      # the one carried state, chunk 0's, enters chunk 1 undecayed
         else:
-            enter = torch.einsum("bhnm,bhmkv->bhnkv", M, states)
-            inter = qc @ enter                                           # (B, H, N, C, V)
-        o = o + inter * from_start.unsqueeze(-1)
+            cum = chunk_decay.cumsum(-1)                                 # (B, H, N)
+            # state entering chunk n (1..N-1) = Σ_{m<n} (decay of chunks m+1..n-1) states_m
+            dm = (cum[..., 1:, None] - chunk_decay[..., 1:, None]) - cum[..., None, :-1]
+            upto = torch.ones(N - 1, N - 1, dtype=torch.bool, device=q.device).tril()
+            M = dm.masked_fill(~upto, float("-inf")).exp()               # (B, H, N-1, N-1)
+            if neg is not None:
+                cp = chunk_par.cumsum(-1)
+                M = M * _sign_from_parity((cp - chunk_par)[..., 1:, None] - cp[..., None, :-1])
+            eq = "bhnm,bmkhv->bnkhv" if shared else "bhnm,bhmkv->bhnkv"
+            enter = torch.einsum(eq, M, states)
+        if shared:                                                       # (B, H, N-1, C, V)
+            inter = (qc[:, 0, 1:] @ enter.flatten(3)).unflatten(-1, (H, V)).permute(0, 3, 1, 2, 4)
+        else:
+            inter = qc[:, :, 1:] @ enter
+        o = torch.cat((o[:, :, :1], o[:, :, 1:] + inter * from_start[:, :, 1:].unsqueeze(-1)), dim=2)
     return (o.flatten(2, 3)[:, :, :T] * scale).to(dt)
 
 
