@@ -73,7 +73,10 @@ def test_stacked_matches_separate_runs(mixer, mode, monkeypatch):
     from mixzoo.train import train
     from mixzoo.train.stacked import train_stacked
     task, mcfg, data, cfg, TrainConfig = _setup()
-    cfgs = [TrainConfig(**{**cfg, "lr": lr}, step_mode=mode) for lr in (1e-3, 2e-3, 3e-3, 5e-3)]
+    # learning rates where 20 steps train smoothly: at 3e-3 and 5e-3 Hyena's loss spikes for a step or two
+    # (to 2.4-3.1 from 2.1) in separate runs as well as stacked ones, at steps that move with the kernels
+    # chosen (MIXZOO_CONV / SWIGLU / RMSNORM=torch), so there a difference measures that, not the stacking
+    cfgs = [TrainConfig(**{**cfg, "lr": lr}, step_mode=mode) for lr in (5e-4, 1e-3, 1.5e-3, 2e-3)]
     seeds = [0, 1, 2, 3]
     stacked = train_stacked(task, mixer, {}, mcfg, cfgs, seeds, device="cuda", data=data)
     assert [r.step_mode for r in stacked] == [mode] * 4, stacked[0].step_mode_reason
