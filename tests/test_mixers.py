@@ -179,6 +179,25 @@ def test_cores_match_their_definitions():
         torch.testing.assert_close(gdn_core(q, k, v, beta=beta, decay=gam)[i], S @ q[i])
 
 
+def test_hyena_direct_and_fft_convolutions_agree():
+    """The Toeplitz product and the FFT convolution are the same causal sums, with the same gradients:
+    both equal the sums written out in float64, to their float32 rounding."""
+    from mixzoo.models.hyena import direct_causal_conv, fft_causal_conv
+    g0 = torch.Generator().manual_seed(0)
+    for T in (1, 7, 64):
+        u = torch.randn(3, 5, T, generator=g0, dtype=torch.float64, requires_grad=True)
+        h = torch.randn(5, T, generator=g0, dtype=torch.float64, requires_grad=True)
+        want = torch.stack([sum(h[:, t - s] * u[..., s] for s in range(t + 1)) for t in range(T)], -1)
+        for fn in (direct_causal_conv, fft_causal_conv):
+            got = fn(u.double(), h.double()).double()
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        dy = torch.randn(3, 5, T, generator=g0, dtype=torch.float64)
+        g1 = torch.autograd.grad(direct_causal_conv(u, h), (u, h), dy)
+        g2 = torch.autograd.grad(want, (u, h), dy)
+        for a, b in zip(g1, g2):
+            torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5)
+
+
 def test_hyena_is_causal_and_length_consistent_at_long_length():
     from mixzoo.models.hyena import Hyena
     torch.manual_seed(0)

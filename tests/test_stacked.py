@@ -5,7 +5,7 @@ Tolerances (float32, CPU): losses (train and validation) within 1e-5 relative; f
 lr x m/sqrt(v), about lr whatever the gradient's size, so where a gradient is rounding noise (an
 embedding row barely used) a reordered sum moves that weight by a fraction of lr: the elementwise
 bound is stated in units of lr. Observed: losses <= 7e-7, norms <= 3.4e-5 (gdn), elements <= 8.4e-4 lr;
-hyena's losses ~6e-5 (its FFTs, LOSS_RTOL below).
+hyena's losses ~6e-5 (its long convolutions, LOSS_RTOL below).
 """
 from __future__ import annotations
 
@@ -43,7 +43,8 @@ def _close(a: float, b: float, rel: float = 1e-5) -> bool:
     return abs(a - b) <= rel * max(abs(a), abs(b), 1e-12)
 
 
-# hyena's FFTs of K x B sequences are not the FFT plan of B: they round differently (~1e-7), which
+# hyena's long convolutions of K x B sequences (Toeplitz products at these lengths, FFTs past 128) are
+# not those of B: they sum in another order and round differently (~1e-7), which
 # 8 Adam steps at these learning rates amplify to ~1e-4 in the loss
 LOSS_RTOL = {"hyena": 3e-4}
 

@@ -3,15 +3,17 @@
 u = ShortConv(W_in x) is split into N gates x_1..x_N and a value v; then for n = 1..N,
 v <- x_n ⊙ (h_n * v + b_n ⊙ v), where h_n is an implicit long filter: a small MLP with sine
 activations of fixed positional features of the lag, times an exponential decay window. The
-convolution is an FFT convolution zero-padded to at least 2T, so it is linear (never circular)
-and causal at every length; the filter's value at lag t does not depend on the sequence length.
-One path: ``torch-fft``.
+convolution is linear (never circular) and causal at every length: up to ``DIRECT_MAX_LEN`` a product with
+each channel's causal Toeplitz matrix, beyond it an FFT convolution zero-padded to at least 2T; the filter's
+value at lag t does not depend on the sequence length. Paths, in PyTorch, by length: ``torch-toeplitz`` up to
+``DIRECT_MAX_LEN``, ``torch-fft`` beyond.
 """
 from __future__ import annotations
 
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..registry import register_mixer
@@ -50,12 +52,34 @@ class ImplicitFilter(nn.Module):
         return (h * window).transpose(0, 1)                                            # (C, T)
 
 
+# Up to this length the convolution runs as a product with each channel's causal Toeplitz matrix
+# (direct_causal_conv), beyond it as FFTs (fft_causal_conv): the same sums, rounded differently. At MAD's
+# baseline length 128 the two were measured side by side in Hyena's stacked training step on an H200
+# (README, Performance); longer sequences, whose T x T matrices grow as T², keep the FFT.
+DIRECT_MAX_LEN = 128
+
+
 def fft_causal_conv(u: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     """y[..., c, t] = Σ_{s<=t} h[c, t-s] u[..., c, s], u (B, C, T), h (C, T); float32."""
     T = u.shape[-1]
     n = 1 << (2 * T - 1).bit_length()                       # power of two >= 2T
     y = torch.fft.irfft(torch.fft.rfft(u.float(), n=n) * torch.fft.rfft(h.float(), n=n), n=n)
     return y[..., :T]
+
+
+def direct_causal_conv(u: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """fft_causal_conv's result as y[:, c] = H_c u[:, c] with H_c[t, s] = h[c, t-s] (s <= t, else 0);
+    float32, autocast off (the products stay float32, as the FFTs do)."""
+    T = u.shape[-1]
+    with torch.autocast(u.device.type, enabled=False):
+        # windows of h padded by T-1 zeros in front: w[c, t, j] = h[c, t + j - (T-1)]; flipped, H[c, t, s] = h[c, t-s]
+        H = F.pad(h.float(), (T - 1, 0)).unfold(-1, T, 1).flip(-1)          # (C, T, T)
+        return torch.einsum("cts,bcs->bct", H, u.float())
+
+
+def causal_conv(u: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """The long convolution of u (B, C, T) with filters h (C, T): direct up to DIRECT_MAX_LEN, else FFTs."""
+    return (direct_causal_conv if u.shape[-1] <= DIRECT_MAX_LEN else fft_causal_conv)(u, h)
 
 
 @register_mixer("hyena", search_space={
@@ -84,9 +108,10 @@ class Hyena(nn.Module):
         u = self.short(self.in_proj(x)).transpose(1, 2)                     # (B, (N+1)D, T)
         *gates, v = u.split(D, dim=1)
         h = self.filter(T, x.device).view(self.order, D, T)
+        self.backend = "torch-toeplitz" if T <= DIRECT_MAX_LEN else "torch-fft"
         v = v.float()
         for n in range(self.order):
-            v = gates[n].float() * (fft_causal_conv(v, h[n]) + self.bias[n, :, None] * v)
+            v = gates[n].float() * (causal_conv(v, h[n]) + self.bias[n, :, None] * v)
         return self.out_proj(v.transpose(1, 2).to(x.dtype))
 
     def state_size(self, seq_len: int) -> int:
