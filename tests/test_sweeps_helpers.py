@@ -77,3 +77,26 @@ def test_a_raising_trial_is_recorded_failed_with_a_one_line_reason():
     t = storage.get_trial(trial._trial_id)
     assert t.state.name == "FAIL" and t.user_attrs["reason"] == "RuntimeError: kernel exploded"
     assert screen == ["t0: FAIL (RuntimeError: kernel exploded)"] and "Traceback" in logs[0]
+
+
+def test_a_failure_of_a_trial_finished_elsewhere_is_ignored_and_says_so():
+    """A worker presumed lost (stopped past the journal lock's grace period) comes back with an error for a
+    trial another worker reaped and finished meanwhile: the trial keeps its state and the line says why."""
+    from types import SimpleNamespace
+
+    import optuna
+
+    from mixzoo.sweeps.engine import _record_failure
+    storage = optuna.storages.InMemoryStorage()
+    study = optuna.create_study(storage=storage, study_name="s")
+    trial = study.ask()
+    frozen = storage.get_trial(trial._trial_id)
+    study.tell(trial, 0.5)                                   # finished elsewhere meanwhile
+    screen = []
+    ctx = SimpleNamespace(storage=storage, trainer_log=lambda m: None, log=screen.append)
+    try:
+        raise RuntimeError("Error: did not possess lock")
+    except RuntimeError as e:
+        _record_failure(ctx, frozen, "t0", e)
+    assert storage.get_trial(trial._trial_id).state.name == "COMPLETE"
+    assert screen == ["t0: FAIL (RuntimeError: Error: did not possess lock) (already finished elsewhere; ignored)"]

@@ -328,8 +328,10 @@ def _record_failure(ctx, frozen, tag: str, e: Exception) -> None:
     """Mark a claimed trial FAIL with a one-line reason; the traceback goes to the worker log."""
     ctx.trainer_log(traceback.format_exc())
     why = f"{type(e).__name__}: {e}".splitlines()[0][:300]
-    _finish(ctx.storage, frozen._trial_id, _states().FAIL, reason=why)
-    ctx.log(f"{tag}: FAIL ({why})")
+    ok = _finish(ctx.storage, frozen._trial_id, _states().FAIL, reason=why)
+    # not ok: the trial was finished meanwhile by a worker that presumed this one lost (e.g. this process was
+    # stopped past the journal lock's grace period, so its release raised "did not possess lock")
+    ctx.log(f"{tag}: FAIL ({why})" + ("" if ok else " (already finished elsewhere; ignored)"))
 
 
 def _finish(storage, trial_id: int, state, value: float | None = None, reason: str | None = None) -> bool:
