@@ -53,17 +53,20 @@ def _e(s) -> str:
     return html.escape("" if s is None else str(s))
 
 
+def _plain_table(headers: list[str], rows: list[list[str]]) -> str:
+    """Header and text rows as an HTML table (numbers right-aligned)."""
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f'<td class="num">{_e(c)}</td>' if _numeric(c) else f"<td>{_e(c)}</td>"
+                                    for c in r) + "</tr>" for r in rows)
+    return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+
+
 def table_html(v: View, extra: list[tuple[str, str]] | None = None) -> str:
     """A view as an HTML table, with its notes below."""
     if not v.records:
         return '<p class="note">(no rows)</p>'
-    head = "".join(f"<th>{_e(h)}</th>" for h in v.headers)
-    body = []
-    for row in v.text_rows():
-        tds = "".join(f'<td class="num">{_e(c)}</td>' if _numeric(c) else f"<td>{_e(c)}</td>" for c in row)
-        body.append(f"<tr>{tds}</tr>")
     notes = "".join(f'<p class="note">{_e(n)}</p>' for n in v.notes)
-    return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>{notes}'
+    return _plain_table(v.headers, v.text_rows()) + notes
 
 
 def _img(path: Path, caption: str) -> str:
@@ -116,13 +119,6 @@ def _commands(rows: list[dict]) -> str:
     return (f"<details{opened}><summary>{len(v.records)} rows (every seed of every run, all states)</summary>"
             f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
             "</details>")
-
-
-def _plain_table(headers: list[str], rows: list[list[str]]) -> str:
-    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f'<td class="num">{_e(c)}</td>' if _numeric(c) else f"<td>{_e(c)}</td>"
-                                    for c in r) + "</tr>" for r in rows)
-    return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
 def _reproductions(rows: list[dict], results: str) -> list[tuple[str, str, str]]:
