@@ -50,11 +50,8 @@ def tabulate(fig: Figure, results, *, scale: str, seeds: int | None, out: bool =
         these = _rows_of(rows, fig, sc)
         if not these and sc != scale:
             continue
-        mine_recs = [r for r in recs if r.get("scale") == sc]
-        n = seeds if sc == scale else (mine_recs[-1].get("seeds") if mine_recs else None)
-        res = Results(fig, sc, these, n)
-        vs = evaluate_all(fig.claims, res)
-        text = section(fig, res, vs, _meta(these, results, mine_recs))
+        res, vs, meta = _scale_result(fig, sc, these, results, recs, seeds, own=sc == scale)
+        text = section(fig, res, vs, meta)
         if these:
             sections.append(text)
         if sc == scale:
@@ -68,6 +65,16 @@ def tabulate(fig: Figure, results, *, scale: str, seeds: int | None, out: bool =
     return mine, verdicts
 
 
+def _scale_result(fig: Figure, scale: str, these: list[dict], results, recs: list[dict],
+                  seeds: int | None = None, own: bool = False) -> tuple[Results, list, dict]:
+    """One scale's results from its rows, the claims' verdicts and the provenance. The seeds: ``seeds``
+    for the scale being run (``own``; None: the scale's own), else as the last run at that scale recorded."""
+    mine = [r for r in recs if r.get("scale") == scale]
+    n = seeds if own else (mine[-1].get("seeds") if mine else None)
+    res = Results(fig, scale, these, n)
+    return res, evaluate_all(fig.claims, res), _meta(these, results, mine)
+
+
 def scale_results(rows: list[dict], results) -> list[tuple[Figure, str, Results, list, dict]]:
     """Every (figure, scale) with rows among ``rows``: its results, the claims' verdicts and the
     provenance, as ``tabulate`` computes them (what the HTML report shows beside the leaderboard)."""
@@ -77,11 +84,8 @@ def scale_results(rows: list[dict], results) -> list[tuple[Figure, str, Results,
         recs = cost.records(results, fig.name) if results else []
         for sc in SCALES:
             these = _rows_of(rows, fig, sc)
-            if not these:
-                continue
-            mine = [r for r in recs if r.get("scale") == sc]
-            res = Results(fig, sc, these, mine[-1].get("seeds") if mine else None)
-            out.append((fig, sc, res, evaluate_all(fig.claims, res), _meta(these, results, mine)))
+            if these:
+                out.append((fig, sc, *_scale_result(fig, sc, these, results, recs)))
     return out
 
 
