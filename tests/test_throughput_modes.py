@@ -221,6 +221,49 @@ def test_mad_projection_as_a_sweep_runs_a_study():
         dict(rows[1], K=4)]}, trials=4)["hours"]["gdn"]
 
 
+def test_mad_projection_reads_each_setting_s_step_time_at_its_length(tmp_path):
+    """--protocol settings: a setting at a measured length takes that length's step time, one between two
+    measured lengths the linear interpolation, one outside them the nearest's scaled linearly in L."""
+    from mixzoo.bench.throughput import (MAD_LENGTHS, MODE_SHAPES, _dims, mad_protocol, mad_setting_steps,
+                                         project_mad, projection_table, step_time_at)
+    assert {n: _dims(n)[1] for n in MAD_LENGTHS} == {"mad": 127, "mad256": 255, "mad512": 511, "mad1024": 1023}
+    assert all(MODE_SHAPES[n]["recipe"] == "mad" and MODE_SHAPES[n]["batch_size"] == 128 for n in MAD_LENGTHS)
+    pts = {128: 0.01, 256: 0.025, 1024: 0.2}
+    assert step_time_at(pts, 256) == (0.025, False)
+    assert step_time_at(pts, 512) == (pytest.approx(0.025 + (512 - 256) / (1024 - 256) * (0.2 - 0.025)), False)
+    assert step_time_at(pts, 64) == (pytest.approx(0.005), True)
+    assert step_time_at(pts, 2048) == (pytest.approx(0.4), True)
+    rates = {128: 100.0, 256: 40.0, 1024: 5.0}
+    shape_of = {L: n for n, L in MAD_LENGTHS.items()}
+    rows = [dict(shape=shape_of[L], mixer="gdn", mode="stacked+graphed", K=K, P=1, state="COMPLETE",
+                 model_steps_per_s=r * (1.0 if K == 6 else 0.5)) for L, r in rates.items() for K in (6, 3)]
+    only_base = [dict(shape="mad", mixer="softmax", mode="stacked+graphed", K=6, P=1, state="COMPLETE",
+                      model_steps_per_s=200.0)]
+    # the rows of two files together
+    f1, f2 = tmp_path / "a.json", tmp_path / "b.json"
+    f1.write_text(json.dumps({"device": "synthetic", "rows": rows[:2] + only_base}))
+    f2.write_text(json.dumps({"rows": rows[2:]}))
+    p = project_mad([f1, f2], variant="settings")
+    per = mad_setting_steps()
+    expect = sum(n * step_time_at({L: 1 / r for L, r in rates.items()}, L)[0] for L, n in per) / 3600
+    assert p["hours"]["gdn"]["stacked+graphed K=6"] == pytest.approx(expect)
+    assert p["lengths"]["gdn"]["stacked+graphed K=6"] == [128, 256, 1024]
+    outside = sum(n * L / 128 for L, n in per if L < 128) / mad_protocol("settings")
+    assert p["outside_share"]["gdn"]["stacked+graphed K=6"] == pytest.approx(outside) and 0 < outside < 0.05
+    # the sweep column: 6/9 of each setting's runs at K = 6's time there, 3/9 at K = 3's (half the rate)
+    assert p["hours"]["gdn"]["sweep: stacked+graphed K=6, then K=3"] == pytest.approx(expect * (6 / 9 + 3 / 9 * 2))
+    # a cell measured at the baseline alone is the linear model: the old projection
+    assert p["hours"]["softmax"]["stacked+graphed K=6"] == pytest.approx(mad_protocol("settings") / 200 / 3600)
+    assert p["outside_share"]["softmax"]["stacked+graphed K=6"] > 0.7
+    assert p["device"] == "synthetic"
+    text = projection_table(p)
+    assert "lengths 128, 256, 1024 (stacked+graphed K=6: gdn" in text and "lengths 128 (" in text
+    # the README work model reads the baseline only; a longer length alone projects nothing
+    assert project_mad([f1, f2])["hours"]["gdn"]["stacked+graphed K=6"] == pytest.approx(mad_protocol() / 100 / 3600)
+    assert "gdn" not in project_mad({"rows": rows[2:]}, variant="settings")["hours"]
+    assert main(["bench", "throughput", "--project", str(f1), str(f2), "--protocol", "settings"]) == 0
+
+
 def test_layer_bytes_counts_a_layer_on_the_cpu():
     spec = importlib.util.spec_from_file_location("layer_bytes", ROOT / "benchmarks" / "layer_bytes.py")
     mod = importlib.util.module_from_spec(spec)

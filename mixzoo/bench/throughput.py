@@ -262,6 +262,13 @@ MODE_SHAPES = {
     "mqar512": dict(task="mqar", knobs=dict(V=8192, L=512, kv=64, filler="zero"), recipe="zoology",
                     model=dict(d_model=128, num_heads=2), batch_size=128, n_train=2048),
 }
+# MAD's baseline at the protocol's longer lengths (task_specs §2.8: recall, fuzzy and noisy recall at 256, 512
+# and 1024, selective copying at 256 to 1024): 76 % of the protocol's model-steps x length is at L >= 256,
+# so the projection reads each setting's step time off rates measured at these lengths, not the baseline's
+MAD_LENGTHS = {"mad": 128, "mad256": 256, "mad512": 512, "mad1024": 1024}
+for _name, _L in MAD_LENGTHS.items():
+    if _name != "mad":
+        MODE_SHAPES[_name] = dict(MODE_SHAPES["mad"], knobs=dict(L=_L))
 STEP_MODES = ("eager", "graphed", "stacked", "stacked+graphed")
 
 
@@ -477,46 +484,104 @@ def mad_protocol(variant: str = "readme", trials: int = 6, seeds: int = 3, steps
     ``len_factor`` x the baseline's. ``settings``: each of mixzoo's 66 settings
     (``mixzoo.tasks.mad.MAD_SETTINGS``) at its own length, 200 epochs of its training set at batch 128
     (MAD's 20k steps at 12,800 examples), capped at ``steps``."""
-    from ..errors import UsageError
-    runs = trials + seeds
     if variant == "readme":
-        return MAD_SETTINGS * runs * steps * len_factor
+        return MAD_SETTINGS * (trials + seeds) * steps * len_factor
+    return sum(n * L / 128 for L, n in mad_setting_steps(variant, trials, seeds, steps))
+
+
+def mad_setting_steps(variant: str = "settings", trials: int = 6, seeds: int = 3,
+                      steps: int = 20_000) -> list[tuple[int, int]]:
+    """(length, model-steps) per MAD setting under the ``settings`` work model: trials + seeds runs of
+    min(``steps``, 200 epochs of its training set at batch 128) each."""
+    from ..errors import UsageError
     if variant != "settings":
         raise UsageError(f"MAD projection: variant {variant!r}; allowed: readme, settings")
     from ..tasks import mad
-    total = 0.0
-    for settings in mad.MAD_SETTINGS.values():
-        for st in settings:
-            total += runs * min(steps, 200 * math.ceil(st["n_train"] / 128)) * st["L"] / 128
-    return total
+    return [(st["L"], (trials + seeds) * min(steps, 200 * math.ceil(st["n_train"] / 128)))
+            for settings in mad.MAD_SETTINGS.values() for st in settings]
 
 
-def project_mad(rates: dict | str | Path, shape: str = "mad", variant: str = "readme", **kw) -> dict:
-    """Device-hours of the MAD protocol per mechanism and cell, from a ``bench throughput`` JSON
-    (its rows at ``shape``): work / model-steps per second. Also, per cell, the eight (or however
-    many) mechanisms together, and each mechanism at its fastest cell."""
-    if not isinstance(rates, dict):
-        rates = json.loads(Path(rates).read_text())
+def step_time_at(points: dict[int, float], L: int) -> tuple[float, bool]:
+    """Seconds a model-step at length ``L`` from measured (length -> seconds) points: the measured value,
+    linear in L between the two measured lengths around it, or, outside them, the nearest measured length's
+    time scaled linearly in L (the README's assumption). Also whether L was outside the measured range."""
+    Ls = sorted(points)
+    if L in points:
+        return points[L], False
+    if Ls[0] < L < Ls[-1]:
+        hi = next(x for x in Ls if x > L)
+        lo = max(x for x in Ls if x < L)
+        w = (L - lo) / (hi - lo)
+        return (1 - w) * points[lo] + w * points[hi], False
+    ref = Ls[0] if L < Ls[0] else Ls[-1]
+    return points[ref] * L / ref, True
+
+
+def _rows_of(rates) -> dict:
+    """One rates dict from a dict, a path, or a list of them (their rows together; the first's device)."""
+    if isinstance(rates, (list, tuple)):
+        parts = [_rows_of(r) for r in rates]
+        return {"device": next((p.get("device") for p in parts if p.get("device")), None),
+                "rows": [r for p in parts for r in p["rows"]]}
+    return rates if isinstance(rates, dict) else json.loads(Path(rates).read_text())
+
+
+def project_mad(rates, shape: str = "mad", variant: str = "readme", **kw) -> dict:
+    """Device-hours of the MAD protocol per mechanism and cell, from ``bench throughput`` JSON (a dict, a
+    path, or a list of them): work / model-steps per second. Rates come from the rows at ``shape``; with
+    ``variant="settings"`` and ``shape="mad"``, also from rows at MAD's longer lengths (``MAD_LENGTHS``):
+    each setting's step time is read off the lengths measured for that cell (``step_time_at``). Also, per
+    cell, the mechanisms together, and each mechanism at its fastest cell."""
+    rates = _rows_of(rates)
     work = mad_protocol(variant, **kw)
-    table: dict[str, dict[str, float]] = {}
+    lengths_of = dict(MAD_LENGTHS) if (variant == "settings" and shape == "mad") else {shape: 128}
+    per_setting = mad_setting_steps(variant, **kw) if variant == "settings" else None
+    # (mixer, cell) -> {length: seconds a model-step}
+    points: dict[str, dict[str, dict[int, float]]] = {}
     stacks: dict[str, tuple[int, int]] = {}          # cell -> (K, P)
     for r in rates["rows"]:
         rate = r.get("model_steps_per_s")
-        if r.get("shape") != shape or r.get("state") != "COMPLETE" or not rate or not math.isfinite(rate):
+        if r.get("shape") not in lengths_of or r.get("state") != "COMPLETE" or not rate or not math.isfinite(rate):
             continue
         if r.get("ran", r["mode"]) != r["mode"]:          # a fallback measured another mode than its label
             continue
         cell = cell_label(r["mode"], r["K"], r["P"])
-        table.setdefault(r["mixer"], {})[cell] = work / rate / 3600
+        points.setdefault(r["mixer"], {}).setdefault(cell, {})[lengths_of[r["shape"]]] = 1.0 / rate
         stacks[cell] = (r["K"], r["P"])
-    # as a sweep's worker runs a study: its trials stacked (K = trials), then its seeds (K = seeds), one
-    # process, each share of the work at the rate measured for that K
     trials, seeds = kw.get("trials", 6), kw.get("seeds", 3)
     sweep_cell = f"sweep: stacked+graphed K={trials}, then K={seeds}"
-    for t in table.values():
-        at = {k: t.get(cell_label("stacked+graphed", k, 1)) for k in (trials, seeds)}
-        if all(v is not None for v in at.values()):
-            t[sweep_cell] = (trials * at[trials] + seeds * at[seeds]) / (trials + seeds)
+
+    def hours(pts: dict[int, float], share: float = 1.0) -> tuple[float, float]:
+        """(device-hours, the share of the work at lengths outside the measured range) for one cell."""
+        if per_setting is None:
+            return share * work * pts[128] / 3600, 0.0
+        total = outside = 0.0
+        for L, n in per_setting:
+            t, out = step_time_at(pts, L)
+            total += share * n * t
+            outside += share * n * L / 128 if out else 0.0
+        return total / 3600, outside
+    table: dict[str, dict[str, float]] = {}
+    measured: dict[str, dict[str, list[int]]] = {}
+    outside_share: dict[str, dict[str, float]] = {}
+    for m, cells in points.items():
+        for cell, pts in cells.items():
+            if 128 not in pts:                     # the baseline anchors every cell
+                continue
+            h, out = hours(pts)
+            table.setdefault(m, {})[cell] = h
+            measured.setdefault(m, {})[cell] = sorted(pts)
+            outside_share.setdefault(m, {})[cell] = out / work if per_setting else 0.0
+        # as a sweep's worker runs a study: its trials stacked (K = trials), then its seeds (K = seeds), one
+        # process, each share of the work at the rate measured for that K (at each length where both were)
+        at = [cells.get(cell_label("stacked+graphed", k, 1)) for k in (trials, seeds)]
+        if all(a is not None and 128 in a for a in at):
+            common = sorted(set(at[0]) & set(at[1]))
+            h1, o1 = hours({L: at[0][L] for L in common}, trials / (trials + seeds))
+            h2, o2 = hours({L: at[1][L] for L in common}, seeds / (trials + seeds))
+            table.setdefault(m, {})[sweep_cell] = h1 + h2
+            measured.setdefault(m, {})[sweep_cell] = common
+            outside_share.setdefault(m, {})[sweep_cell] = (o1 + o2) / work if per_setting else 0.0
             stacks[sweep_cell] = (trials, 1)
     cells = list(dict.fromkeys(c for t in table.values() for c in t))
     best = {m: min(t.values()) for m, t in table.items()}
@@ -527,7 +592,7 @@ def project_mad(rates: dict | str | Path, shape: str = "mad", variant: str = "re
     over = sorted({c for c in best_cell.values() if stacks[c][0] > trials})
     return dict(variant=variant, work_baseline_steps=work, shape=shape, cells=cells, hours=table, best=best,
                 best_cell=best_cell, total=total, total_best=sum(best.values()), device=rates.get("device"),
-                over_stacked=over, trials=trials, seeds=seeds)
+                over_stacked=over, trials=trials, seeds=seeds, lengths=measured, outside_share=outside_share)
 
 
 def projection_table(p: dict) -> str:
@@ -541,6 +606,20 @@ def projection_table(p: dict) -> str:
     for m, t in p["hours"].items():
         out.append(f"| {m} | " + " | ".join(fmt(t.get(c)) for c in cells) + f" | {fmt(p['best'][m])} ({p['best_cell'][m]}) |")
     out.append("| all | " + " | ".join(fmt(p["total"][c]) for c in cells) + f" | {fmt(p['total_best'])} |")
+    if p["variant"] == "settings":
+        # which lengths each cell's hours were read off, and how much of the work lay outside them
+        by: dict[tuple, dict[str, list[str]]] = {}
+        n_all = sum(len(t) for t in p.get("lengths", {}).values())
+        for m, t in p.get("lengths", {}).items():
+            for c, Ls in t.items():
+                key = (tuple(Ls), round(100 * p["outside_share"][m][c]))
+                by.setdefault(key, {}).setdefault(c, []).append(m)
+        out.append("")
+        for (Ls, pct), cs in sorted(by.items(), key=lambda kv: (-len(kv[0][0]), kv[0])):
+            n = sum(len(ms) for ms in cs.values())
+            who = "every cell" if n == n_all else "; ".join(f"{c}: {', '.join(ms)}" for c, ms in cs.items())
+            out.append(f"Step times measured at lengths {', '.join(map(str, Ls))} ({who}); the {pct} % of the "
+                       f"work at other lengths scaled linearly in length from the nearest measured.")
     for c in p.get("over_stacked", []):
         out.append(f"\nNote: {c} stacks more models per process than a sweep's worker does here (it stacks the "
                    f"{p['trials']} trials, then the seeds, of one study at a time); that rate is reached only "
@@ -636,9 +715,10 @@ def modes_main(args) -> int:
     text = modes_table(rows)
     print("\n" + text)
     if "mad" in shapes:
-        proj = projection_table(project_mad(out))
-        print("\n" + proj)
-        text += "\n\n" + proj
+        for variant in ("readme", "settings"):
+            proj = projection_table(project_mad(out, variant=variant))
+            print("\n" + proj)
+            text += "\n\n" + proj
     save()
     if args.md:
         from ..leaderboard.export import write_atomic
