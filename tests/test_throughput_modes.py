@@ -224,8 +224,16 @@ def test_mad_projection_as_a_sweep_runs_a_study():
 def test_mad_projection_reads_each_setting_s_step_time_at_its_length(tmp_path):
     """--protocol settings: a setting at a measured length takes that length's step time, one between two
     measured lengths the linear interpolation, one outside them the nearest's scaled linearly in L."""
-    from mixzoo.bench.throughput import (MAD_LENGTHS, MODE_SHAPES, _dims, mad_protocol, mad_setting_steps,
-                                         project_mad, projection_table, step_time_at)
+    from mixzoo.bench.throughput import (
+        MAD_LENGTHS,
+        MODE_SHAPES,
+        _dims,
+        mad_protocol,
+        mad_setting_steps,
+        project_mad,
+        projection_table,
+        step_time_at,
+    )
     assert {n: _dims(n)[1] for n in MAD_LENGTHS} == {"mad": 127, "mad256": 255, "mad512": 511, "mad1024": 1023}
     assert all(MODE_SHAPES[n]["recipe"] == "mad" and MODE_SHAPES[n]["batch_size"] == 128 for n in MAD_LENGTHS)
     pts = {128: 0.01, 256: 0.025, 1024: 0.2}

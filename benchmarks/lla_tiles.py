@@ -1,0 +1,89 @@
+"""LLA kernel tiles at the mad recipe's heads: which (BLOCK_M, BLOCK_N, warps, stages) is fastest per kernel.
+
+``python benchmarks/lla_tiles.py [--T 128,512,1024] [--bh 2048] [--lam 1.0] [--out FILE.json]`` on a GPU.
+The mad recipe runs LLA at 16 heads of 8 (padded to 16 in the kernel), batch 128: BH = 2048 per model. The
+tiles in ``mixzoo.kernels.lla.triton_lla.CONFIGS`` were measured at T = 4096, D = 128. For each kernel
+(fwd, bwd_q, bwd_kv) and candidate tile, the other two kernels at their defaults: the forward's and the
+backward's median times (triton's do_bench) and the CG iterations, with the outputs checked against the
+default tiles' (the tile changes the summation order only). Inputs: Gaussian q, k, v of width 8 zero-padded
+to 16 (as ``lla()`` pads them), the ridge ``--lam`` everywhere (mixzoo's default ridge 1.0 runs at
+precision level 2).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+import triton
+
+from mixzoo.kernels.lla import triton_lla as K
+
+CANDS = [(64, 64, 4, 2), (32, 64, 4, 2), (128, 64, 4, 2), (64, 128, 4, 2), (64, 32, 4, 2), (32, 32, 2, 2),
+         (128, 128, 8, 2), (64, 64, 2, 2), (64, 64, 4, 3), (128, 32, 4, 2)]
+
+
+def _inputs(BH, T, d, Dp, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v, go = (torch.nn.functional.pad(torch.randn(BH, T, d, device="cuda", generator=g), (0, Dp - d))
+                   for _ in range(4))
+    return q.bfloat16().contiguous(), k.bfloat16().contiguous(), v.bfloat16().contiguous(), go.bfloat16().contiguous()
+
+
+def _rel(a, b):
+    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+
+
+def run(BH, T, lam, cfg, d=8, Dp=16):
+    q, k, v, go = _inputs(BH, T, d, Dp)
+    lamt = torch.full((BH, T), lam, device="cuda")
+    s = d ** -0.5
+    tol, it, jac = K.DEFAULTS["tol"], K.DEFAULTS["max_iter"], K.DEFAULTS["jacobi"]
+    o, y, lse, itf = K.lla_forward(q, k, v, lamt, s, tol, it, jac, cfg)
+    dq, dk, dv, dl, itb = K.lla_backward(q, k, v, go, lamt, y, lse, s, tol, it, jac, cfg)
+    tf = triton.testing.do_bench(lambda: K.lla_forward(q, k, v, lamt, s, tol, it, jac, cfg), warmup=5, rep=40,
+                                 return_mode="median")
+    tb = triton.testing.do_bench(lambda: K.lla_backward(q, k, v, go, lamt, y, lse, s, tol, it, jac, cfg), warmup=5,
+                                 rep=40, return_mode="median")
+    return tf, tb, float(itf.float().mean()), float(itb.float().mean()), (o, dq, dk, dv)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--T", default="128,512,1024")
+    ap.add_argument("--bh", type=int, default=2048)
+    ap.add_argument("--lam", type=float, default=1.0)
+    ap.add_argument("--budget-s", type=float, default=240.0)
+    ap.add_argument("--out")
+    a = ap.parse_args(argv)
+    t0, rows = time.time(), []
+    print(f"device {torch.cuda.get_device_name()}; BH={a.bh} d=8 (padded 16) lam={a.lam}; defaults "
+          f"{ {k: v[16] for k, v in K.CONFIGS.items()} }", flush=True)
+    for T in (int(x) for x in a.T.split(",")):
+        tf0, tb0, _, _, ref = run(a.bh, T, a.lam, None)
+        print(f"T={T} default: fwd {tf0:.3f} ms  bwd {tb0:.3f} ms", flush=True)
+        rows.append(dict(T=T, kind="default", cfg=None, fwd_ms=tf0, bwd_ms=tb0))
+        for kind in ("fwd", "bwd_q", "bwd_kv"):
+            for c in CANDS:
+                if c == K.CONFIGS[kind][16] or time.time() - t0 > a.budget_s:
+                    continue
+                try:
+                    tf, tb, itf, itb, outs = run(a.bh, T, a.lam, {kind: c})
+                    err = max(_rel(x, r) for x, r in zip(outs, ref))
+                    rows.append(dict(T=T, kind=kind, cfg=c, fwd_ms=tf, bwd_ms=tb, it_fwd=itf, it_bwd=itb, max_rel=err))
+                    print(f"T={T} {kind} {c}: fwd {tf:.3f} ({tf / tf0:.2f}x)  bwd {tb:.3f} ({tb / tb0:.2f}x)  "
+                          f"it {itf:.1f}/{itb:.1f}  vs default {err:.1e}", flush=True)
+                except Exception as e:  # noqa: BLE001  (a tile that does not fit shared memory or registers)
+                    rows.append(dict(T=T, kind=kind, cfg=c, error=f"{type(e).__name__}: {str(e)[:160]}"))
+                    print(f"T={T} {kind} {c}: failed {type(e).__name__}: {str(e)[:120]}", flush=True)
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), bh=a.bh, lam=a.lam, rows=rows), f, indent=1)
+    print(f"done in {time.time() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
