@@ -158,6 +158,43 @@ def test_mesa_exact_matches_fla_reference():
     torch.testing.assert_close(mesa_exact(q, k, v, g, beta, lamb), tt(want), atol=1e-4, rtol=1e-4)
 
 
+def test_mesa_fast_path_hands_fla_unnormalized_q_k_and_asks_it_to_normalize():
+    """The fla path passes q and k as they come from the convolution, padded, with
+    use_qk_l2norm_in_kernel=True (fla normalizes them inside the call); with a stand-in for fla's op that
+    does what its flag says and reads out exactly, the layer equals the torch-exact path, values and
+    gradients, at a head of 8 padded to 16 and a length padded to 64."""
+    import torch.nn.functional as F
+
+    from mixzoo.models.mesa import mesa_exact
+    from mixzoo.registry import build_mixer, get_mixer
+    seen = []
+
+    def fla_stand_in(q, k, v, g, beta, lamb, max_CG_iteration, use_qk_l2norm_in_kernel=False):
+        seen.append((tuple(q.shape), use_qk_l2norm_in_kernel, q.norm(dim=-1)))
+        if use_qk_l2norm_in_kernel:
+            q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        tt = lambda t: t.transpose(1, 2)
+        return tt(mesa_exact(tt(q), tt(k), tt(v), tt(g), tt(beta), lamb)), None, None
+
+    def build(backend):
+        torch.manual_seed(0)
+        return build_mixer(get_mixer("mesa"), 32, num_heads=4, layer_idx=0, l_max=37, backend=backend).double()
+    ref, fast = build("torch"), build("auto")
+    fast._fast = lambda x: fla_stand_in
+    x = torch.randn(2, 37, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    xs = [x.clone().requires_grad_() for _ in range(2)]
+    ys = [m(xi) for m, xi in zip((ref, fast), xs)]
+    assert (ref.backend, fast.backend) == ("torch-exact", "fla-chunk")
+    (shape, flag, norms), = seen
+    assert shape == (2, 64, 4, 16) and flag
+    assert (norms[:, :37] - 1).abs().max() > 1e-2          # not normalized before the call
+    torch.testing.assert_close(ys[1], ys[0], atol=1e-10, rtol=1e-8)
+    w = torch.randn_like(ys[0])
+    gs = [torch.autograd.grad((y * w).sum(), [xi, *m.parameters()]) for y, xi, m in zip(ys, xs, (ref, fast))]
+    for a, b in zip(gs[1], gs[0]):        # the layer computes its gates in float32 (.float()): 1e-7 apart
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
 def test_cores_match_their_definitions():
     from mixzoo.models.gdn import gdn_core
     from mixzoo.models.linear import linear_core

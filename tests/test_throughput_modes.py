@@ -270,6 +270,12 @@ def test_mad_projection_reads_each_setting_s_step_time_at_its_length(tmp_path):
     assert project_mad([f1, f2])["hours"]["gdn"]["stacked+graphed K=6"] == pytest.approx(mad_protocol() / 100 / 3600)
     assert "gdn" not in project_mad({"rows": rows[2:]}, variant="settings")["hours"]
     assert main(["bench", "throughput", "--project", str(f1), str(f2), "--protocol", "settings"]) == 0
+    # the fastest cell is one measured at the most lengths, not a faster baseline-only one
+    k16 = dict(shape="mad", mixer="gdn", mode="stacked+graphed", K=16, P=1, state="COMPLETE", model_steps_per_s=1e4)
+    p = project_mad({"rows": rows + [k16]}, variant="settings")
+    assert p["hours"]["gdn"]["stacked+graphed K=16"] < p["hours"]["gdn"]["stacked+graphed K=6"]
+    assert p["best_cell"]["gdn"] == "stacked+graphed K=6"
+    assert project_mad({"rows": rows + [k16]})["best_cell"]["gdn"] == "stacked+graphed K=16"
 
 
 def test_layer_bytes_counts_a_layer_on_the_cpu():

@@ -584,8 +584,13 @@ def project_mad(rates, shape: str = "mad", variant: str = "readme", **kw) -> dic
             outside_share.setdefault(m, {})[sweep_cell] = (o1 + o2) / work if per_setting else 0.0
             stacks[sweep_cell] = (trials, 1)
     cells = list(dict.fromkeys(c for t in table.values() for c in t))
-    best = {m: min(t.values()) for m, t in table.items()}
-    best_cell = {m: min(t, key=t.get) for m, t in table.items()}
+    # the fastest cell of a mechanism among those measured at the most lengths: a cell measured at the baseline
+    # alone is the linear model's guess for the longer settings, not comparable with measured ones
+    def covered(m):
+        most = max(len(v) for v in measured[m].values())
+        return {c: h for c, h in table[m].items() if len(measured[m][c]) == most}
+    best_cell = {m: min(covered(m), key=covered(m).get) for m in table}
+    best = {m: table[m][c] for m, c in best_cell.items()}
     total = {c: sum(t[c] for t in table.values()) if all(c in t for t in table.values()) else float("nan")
              for c in cells}
     # a sweep's worker stacks the trials of one study at a time: MAD's 6 (and then its 3 seeds)
@@ -601,7 +606,9 @@ def projection_table(p: dict) -> str:
         return f"MAD protocol: no completed measurement at shape {p['shape']!r} to project from"
     out = [f"MAD protocol ({p['variant']}: {p['work_baseline_steps']:.3g} baseline-step equivalents per mechanism), "
            f"device-hours from the rates at shape {p['shape']!r}" + (f" on {p['device']}" if p.get("device") else ""),
-           "", "| mechanism | " + " | ".join(cells) + " | fastest |", "|---" * (len(cells) + 2) + "|"]
+           "", "| mechanism | " + " | ".join(cells) + " | fastest" +
+           (" (of the cells measured at the most lengths)" if p["variant"] == "settings" else "") + " |",
+           "|---" * (len(cells) + 2) + "|"]
     fmt = lambda v: "—" if v is None or not math.isfinite(v) else f"{v:.1f}"     # noqa: E731
     for m, t in p["hours"].items():
         out.append(f"| {m} | " + " | ".join(fmt(t.get(c)) for c in cells) + f" | {fmt(p['best'][m])} ({p['best_cell'][m]}) |")
