@@ -11,6 +11,7 @@ per position; the CPU path).
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn.functional as F
@@ -120,12 +121,15 @@ class MesaNet(nn.Module):
         d = x.shape[-1]
         qkv, gate, b = self.proj(x).split([3 * d, d, self.h], dim=-1)
         q, k, v = (split_heads(t, self.h) for t in self.conv(qkv).chunk(3, dim=-1))
+        fast = self._fast(x)
+        in_kernel = fast is not None and os.environ.get("MIXZOO_MESA_L2NORM", "torch") == "fla"
+        if not in_kernel:
+            q, k = l2norm(q), l2norm(k)
         g = F.logsigmoid(self.a_proj(x).float())                # (B, T, H)
         beta = b.float().sigmoid()
         lamb = F.softplus(self.lam.float()) + self.lmin         # (H, D)
-        fast = self._fast(x)
         if fast is not None:
-            self.backend = "fla-chunk"
+            self.backend = "fla-chunk" + ("+fla-l2norm" if in_kernel else "")
             T, D = x.shape[1], self.dh
             # The kernel is run at shapes seen to work on an H200: whole chunks of 64 and the head
             # dims of FLA_HEAD_DIMS. Zero padding is exact: padded positions come
@@ -140,17 +144,18 @@ class MesaNet(nn.Module):
                 lamb = F.pad(lamb, (0, dpad), value=1.0)
             else:
                 q, k, v = (t.contiguous() for t in (q, k, v))
-            # q and k are L2-normalized by fla inside the call (its Triton l2norm, float32 sums, written in
-            # float16, the precision the kernel casts q and k to either way), not by F.normalize before
-            # it: under bf16 autocast F.normalize writes float32 copies with about ten elementwise
-            # kernels forward and backward, 12 % of a stacked MesaNet step's device time on the H200.
+            # MIXZOO_MESA_L2NORM=fla: q and k are L2-normalized by fla inside the call (its Triton l2norm,
+            # float32 sums, written in float16, the precision the kernel casts q and k to either way), not
+            # by F.normalize before it, which under bf16 autocast writes float32 copies with about ten
+            # elementwise kernels forward and backward (12 % of a stacked MesaNet step's device time in the
+            # H200 profile). Measured 1.21x to 1.23x a stacked step at lengths 128 to 1024 on the H200;
+            # off by default until the GPU tests of the fast path (tests/gpu: mesa) have run with it.
             # Zero-padded dims and positions stay zero (0 / sqrt(0 + eps)).
             o = fast(q, k, v, g=g, beta=beta, lamb=lamb, max_CG_iteration=self.cg,
-                     use_qk_l2norm_in_kernel=True)[0][:, :T, :, :D]
+                     use_qk_l2norm_in_kernel=in_kernel)[0][:, :T, :, :D]
             return self.o_proj(self.o_norm(o.transpose(1, 2), gate))
         else:
             self.backend = "torch-exact"
-            q, k = l2norm(q), l2norm(k)
             o = tt(mesa_exact(q, k, v, g.transpose(1, 2), beta.transpose(1, 2), lamb))
         return self.o_proj(self.o_norm(tt(o), gate))
 

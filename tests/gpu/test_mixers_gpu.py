@@ -96,8 +96,10 @@ def test_host_sync_detection():
 
 
 # fla's MesaNet kernels last: a kernel fault poisons the CUDA context for every later test
+@pytest.mark.parametrize("l2norm", ["torch", "fla"])      # MIXZOO_MESA_L2NORM
 @pytest.mark.parametrize("d_model,seq_len", [(128, 100), (64, 128)])
-def test_mesa_contract_and_fast_path_on_gpu(d_model, seq_len):
+def test_mesa_contract_and_fast_path_on_gpu(d_model, seq_len, l2norm, monkeypatch):
+    monkeypatch.setenv("MIXZOO_MESA_L2NORM", l2norm)
     from mixzoo.check import check_mixer
     results = check_mixer("mesa", device="cuda", d_model=d_model, seq_len=seq_len)
     for r in results:
@@ -147,7 +149,9 @@ def test_mad_shape_step_time_within_3x_softmax():
         assert by[name]["ms"] <= 3 * by["softmax"]["ms"], (name, by[name]["ms"], by["softmax"]["ms"])
 
 
-def test_mesa_fast_path_at_mad_head_width():
+@pytest.mark.parametrize("l2norm", ["torch", "fla"])      # MIXZOO_MESA_L2NORM: F.normalize, or fla's in the call
+def test_mesa_fast_path_at_mad_head_width(l2norm, monkeypatch):
+    monkeypatch.setenv("MIXZOO_MESA_L2NORM", l2norm)
     from mixzoo.check import check_mixer
     results = check_mixer("mesa", device="cuda", d_model=128, num_heads=16, seq_len=100)
     for r in results:

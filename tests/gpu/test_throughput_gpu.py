@@ -89,6 +89,31 @@ def test_stacked_matches_separate_runs(mixer, mode, monkeypatch):
     assert rel < RTOL
 
 
+@pytest.mark.parametrize("mode", ["stacked", "stacked+graphed"])
+def test_mesa_in_kernel_l2norm_stacked_matches_separate_runs(mode, monkeypatch):
+    """MIXZOO_MESA_L2NORM=fla (q, k normalized inside fla's call): stacked runs against separate ones, and
+    the first separate run against the same run with F.normalize (the switch off)."""
+    monkeypatch.setenv("MIXZOO_EAGER_KERNELS", "1")
+    from mixzoo.train import train
+    from mixzoo.train.stacked import train_stacked
+    task, mcfg, data, cfg, TrainConfig = _setup()
+    monkeypatch.setenv("MIXZOO_MESA_L2NORM", "torch")
+    before = train(task, "mesa", {}, mcfg, TrainConfig(**{**cfg, "lr": 5e-4}), seed=0, device="cuda", data=data)
+    monkeypatch.setenv("MIXZOO_MESA_L2NORM", "fla")
+    cfgs = [TrainConfig(**{**cfg, "lr": lr}, step_mode=mode) for lr in (5e-4, 1e-3)]
+    stacked = train_stacked(task, "mesa", {}, mcfg, cfgs, [0, 1], device="cuda", data=data)
+    rel = 0.0
+    for c, s, r in zip(cfgs, [0, 1], stacked):
+        alone = train(task, "mesa", {}, mcfg, TrainConfig(**{**cfg, "lr": c.lr}), seed=s, device="cuda", data=data)
+        assert r.state == alone.state == "COMPLETE" and r.backend == alone.backend == "fla-chunk+fla-l2norm"
+        rel = max(rel, _rel(alone.history, r.history))
+        if s == 0:
+            switch = _rel(before.history, alone.history)
+    _record(f"{mode}-K2-vs-separate[mesa, fla l2norm]", rel)
+    _record("mesa fla l2norm vs F.normalize", switch)
+    assert rel < RTOL and switch < RTOL
+
+
 def test_failed_capture_leaves_the_device_usable():
     """A capture invalidated by a host sync raises, and afterwards random ops and captures work."""
     from mixzoo.train.graphed import capture
