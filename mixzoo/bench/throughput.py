@@ -263,7 +263,7 @@ MODE_SHAPES = {
                     model=dict(d_model=128, num_heads=2), batch_size=128, n_train=2048),
 }
 # MAD's baseline at the protocol's longer lengths (task_specs §2.8: recall, fuzzy and noisy recall at 256, 512
-# and 1024, selective copying at 256 to 1024): 76 % of the protocol's model-steps x length is at L >= 256,
+# and 1024, selective copying at 256 to 1024): 78 % of the protocol's model-steps x length is at L >= 256,
 # so the projection reads each setting's step time off rates measured at these lengths, not the baseline's
 MAD_LENGTHS = {"mad": 128, "mad256": 256, "mad512": 512, "mad1024": 1024}
 for _name, _L in MAD_LENGTHS.items():
