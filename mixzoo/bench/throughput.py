@@ -586,10 +586,10 @@ def project_mad(rates, shape: str = "mad", variant: str = "readme", **kw) -> dic
     cells = list(dict.fromkeys(c for t in table.values() for c in t))
     # the fastest cell of a mechanism among those measured at the most lengths: a cell measured at the baseline
     # alone is the linear model's guess for the longer settings, not comparable with measured ones
-    def covered(m):
+    best_cell = {}
+    for m, t in table.items():
         most = max(len(v) for v in measured[m].values())
-        return {c: h for c, h in table[m].items() if len(measured[m][c]) == most}
-    best_cell = {m: min(covered(m), key=covered(m).get) for m in table}
+        best_cell[m] = min((c for c in t if len(measured[m][c]) == most), key=t.get)
     best = {m: table[m][c] for m, c in best_cell.items()}
     total = {c: sum(t[c] for t in table.values()) if all(c in t for t in table.values()) else float("nan")
              for c in cells}
