@@ -2,8 +2,11 @@
 
 The exact estimator (``mixzoo.kernels.lla.lla_reference``) runs everywhere; on a GPU the
 Triton kernel of ``mixzoo.kernels.lla`` is used when it is present and ``backend="auto"``.
-The ridge λ is a fixed knob, or learned per head (softplus, initialized at ``ridge``, kept at or
-above ``MIN_LEARNED_RIDGE``, the smallest λ the kernel is tested at).
+``solve`` picks the kernel's solve of each query's system (``mixzoo.kernels.lla.triton_lla``: "direct",
+explicit in registers, for heads of at most 8 dims; "cg", conjugate gradients over the keys; default
+"auto", the first where it applies, or ``$MIXZOO_LLA_SOLVE``). The ridge λ is a fixed knob, or learned
+per head (softplus, initialized at ``ridge``, kept at or above ``MIN_LEARNED_RIDGE``, the smallest λ the
+kernel is tested at).
 
 The kernel compiles a precision level from the smallest λ of a launch (smaller λ, worse
 conditioned systems, more careful arithmetic). Reading λ from the device every step would stall
@@ -76,16 +79,20 @@ class LocalLinearAttention(nn.Module):
 
     def __init__(self, d_model: int, *, num_heads: int = 2, layer_idx: int = 0,
                  ridge: float = 1.0, learn_ridge: bool = False, rope: bool = True,
-                 backend: str = "auto"):
+                 backend: str = "auto", solve: str | None = None):
         super().__init__()
         if d_model % num_heads:
             raise ValueError(f"d_model={d_model} not divisible by num_heads={num_heads}")
         if backend not in ("auto", "torch", "triton"):
             raise ValueError(f"backend={backend!r}; allowed: auto, torch, triton")
+        if solve not in (None, "auto", "cg", "direct"):
+            raise ValueError(f"solve={solve!r}; allowed: auto, cg, direct (the kernel's; default: its own choice)")
+        if solve == "direct" and d_model // num_heads > 8:
+            raise ValueError(f"solve='direct' needs heads of at most 8 dims, got {d_model // num_heads}")
         if isinstance(ridge, (bool, str)) or not 0 < float(ridge) <= 700:
             # softplus^{-1} below needs ridge > 0 and overflows past ~700 (nan fails the range too)
             raise ValueError(f"ridge={ridge!r}; must be a number in (0, 700]")
-        self.h, self.use_rope, self.requested = num_heads, rope, backend
+        self.h, self.use_rope, self.requested, self.solve = num_heads, rope, backend, solve
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.out = nn.Linear(d_model, d_model, bias=False)
         init = math.log(math.expm1(ridge))           # softplus^{-1}(ridge)
@@ -131,7 +138,8 @@ class LocalLinearAttention(nn.Module):
                                "(it needs a CUDA device, or Triton's interpreter: TRITON_INTERPRET=1)")
         if fast is not None:
             self.backend = "triton"
-            o = fast(q, k, v, ridge=lam.expand(x.shape[0], -1, x.shape[1]), prec=_precision_eager()(self, lam))
+            o = fast(q, k, v, ridge=lam.expand(x.shape[0], -1, x.shape[1]), prec=_precision_eager()(self, lam),
+                     solve=self.solve)
         else:
             self.backend = "torch"
             o = lla_reference(q, k, v, ridge=lam)

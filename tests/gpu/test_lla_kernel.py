@@ -16,7 +16,7 @@ def _rel(a, b):
     return float((a.double() - b.double()).norm() / b.double().norm())
 
 
-def _case(B, H, T, D, lam, qscale, dtype, seed, ridge_tensor=False):
+def _case(B, H, T, D, lam, qscale, dtype, seed, ridge_tensor=False, solve=None):
     g = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v, go = (torch.randn(B, H, T, D, device="cuda", generator=g) for _ in range(4))
     q, k, v = (q * qscale).to(dtype), k.to(dtype), v.to(dtype)
@@ -27,7 +27,7 @@ def _case(B, H, T, D, lam, qscale, dtype, seed, ridge_tensor=False):
     wrt = xd + ([rd] if ridge_tensor else [])
     rg = torch.autograd.grad(ref, wrt, go.double())
     xs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    out = lla(*xs, ridge=ridge)
+    out = lla(*xs, ridge=ridge, solve=solve)
     assert out.shape == (B, H, T, D) and out.dtype == dtype
     wrt = xs + ([ridge] if ridge_tensor else [])
     gs = torch.autograd.grad(out, wrt, go.to(dtype))
@@ -110,3 +110,51 @@ def test_backward_at_tiny_output_gradient(lam):
         assert all(torch.isfinite(t).all() for t in gs)
     for name, a, b in zip(("dq", "dk", "dv"), grads[1.0], grads[1e-23]):
         assert _rel(b, a) < 1e-2, (lam, name, _rel(b, a))
+
+
+@pytest.mark.parametrize("lam", RIDGES)
+@pytest.mark.parametrize("qscale", [1.0, 4.0])
+@pytest.mark.parametrize("D", [8, 5])
+def test_direct_solve_small_head(lam, qscale, D):
+    """Heads of at most 8 dims (the mad recipe's 16 heads of 8) solve C y = b explicitly in registers
+    (triton_lla._direct_solve): as close to float64 as the other tests ask, at every precision level, and no
+    worse than CG on the same inputs."""
+    seed = 100 + D + int(10 * lam)
+    out, ref, gs, rg = _case(2, 4, 300, D, lam, qscale, torch.bfloat16, seed=seed, solve="direct")
+    cg_out, _, cg_gs, _ = _case(2, 4, 300, D, lam, qscale, torch.bfloat16, seed=seed, solve="cg")
+    assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in gs)
+    errs = [_rel(out, ref)] + [_rel(g, r) for g, r in zip(gs, rg)]
+    cg = [_rel(cg_out, ref)] + [_rel(g, r) for g, r in zip(cg_gs, rg)]
+    print(f"D {D} λ {lam} q x {qscale}: o, dq, dk, dv errors direct {errs}, cg {cg}")
+    assert errs[0] < 1e-2 and max(errs[1:]) < 2e-2
+    for e, c in zip(errs, cg):
+        assert e < 2 * c + 2e-3
+
+
+@pytest.mark.parametrize("lam", [0.01, 1.0, 100.0])
+def test_direct_solve_early_positions_and_long_sequence(lam):
+    """The first rows (one to a few keys) and a sequence of 2048 at head dim 8."""
+    out, ref, gs, rg = _case(1, 4, 96, 8, lam, 4.0, torch.bfloat16, seed=7, solve="direct")
+    assert torch.isfinite(out).all()
+    assert _rel(out[..., :8, :], ref[..., :8, :]) < 1e-2
+    torch.testing.assert_close(out[..., 0, :].float(), ref[..., 0, :].float(), atol=2e-2, rtol=2e-2)
+    assert _rel(gs[2][..., :8, :], rg[2][..., :8, :]) < 2e-2
+    out, ref, gs, rg = _case(1, 2, 2048, 8, lam, 1.0, torch.bfloat16, seed=11, solve="direct")
+    assert _rel(out, ref) < 1e-2
+    for g, r in zip(gs, rg):
+        assert _rel(g, r) < 2e-2
+
+
+def test_direct_solve_at_tiny_output_gradient():
+    """Output gradients of 1e-23: the direct ν solve scales its right-hand side as CG does."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+    q, k, v, go = (torch.randn(2, 4, 256, 8, device="cuda", generator=g) for _ in range(4))
+    q, k, v = (t.bfloat16() for t in (q, k, v))
+    grads = {}
+    for scale in (1.0, 1e-23):
+        xs = [t.clone().requires_grad_() for t in (q, k, v)]
+        gs = torch.autograd.grad(lla(*xs, ridge=1.0, solve="direct"), xs, (go * scale).bfloat16())
+        assert all(torch.isfinite(t).all() for t in gs)
+        grads[scale] = [t.double() / scale for t in gs]
+    for a, b in zip(grads[1.0], grads[1e-23]):
+        assert float((a - b).norm() / a.norm()) < 1e-2

@@ -71,6 +71,8 @@ adds ν (fp32, (BH, T, D)) and four floats per row. Nothing of size T x T or T x
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -85,7 +87,19 @@ CONFIGS = {
     "bwd_q": {16: (64, 64, 4, 2), 32: (64, 64, 4, 2), 64: (64, 64, 4, 2), 128: (64, 64, 4, 2)},
     "bwd_kv": {16: (64, 64, 4, 2), 32: (64, 64, 4, 2), 64: (64, 64, 4, 2), 128: (64, 64, 4, 2)},
 }
-DEFAULTS = {"tol": 1e-3, "max_iter": 48, "jacobi": False}
+DEFAULTS = {"tol": 1e-3, "max_iter": 48, "jacobi": False, "solve": "auto"}
+# Heads of at most this many dims solve C y = b directly (``_direct_solve``): C's DR x DR entries are summed in
+# the moment pass (DR = 4 or 8, the head dim rounded up; tl.dot needs DR·DR >= 16), then eliminated in registers,
+# in place of CG's passes over the keys. Wider heads would not fit C in registers.
+DIRECT_MAX_DIM = 8
+SOLVES = ("auto", "cg", "direct")
+
+
+def direct_dims(D: int, solve: str = "auto") -> int | None:
+    """The DR of the explicit solve for a head of D dims under ``solve``, or None for CG."""
+    if solve == "cg" or D > DIRECT_MAX_DIM:
+        return None
+    return max(4, 1 << (D - 1).bit_length())
 
 
 @triton.jit
@@ -109,6 +123,78 @@ def _split3(x, DT: tl.constexpr):
     r = x - xh.to(tl.float32)
     xm = r.to(DT)
     return xh, xm, (r - xm.to(tl.float32)).to(DT)
+
+
+@triton.jit
+def _first(x, D: tl.constexpr, DR: tl.constexpr, BM: tl.constexpr):
+    """The first DR of the D columns of a (BM, D) tile (the real head dims of a padded head)."""
+    x3 = tl.reshape(x, (BM, D // DR, DR))
+    return tl.sum(tl.where((tl.arange(0, D // DR) == 0)[None, :, None], x3, 0.0), 1)
+
+
+@triton.jit
+def _widen(xr, D: tl.constexpr, DR: tl.constexpr, BM: tl.constexpr):
+    """(BM, DR) -> (BM, D), zero in the padded columns."""
+    x3 = tl.where((tl.arange(0, D // DR) == 0)[None, :, None], xr[:, None, :], 0.0)
+    return tl.reshape(x3, (BM, D))
+
+
+@triton.jit
+def _kk(Kb, offs_n, T, DR: tl.constexpr, D: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr):
+    """The products k kᵀ of a key tile's real head dims, (BN, DR·DR), as hi + lo in DT: exact, since a product
+    of two bf16 (fp16) values has at most 16 (22) significant bits."""
+    kr = tl.load(Kb + offs_n[:, None] * D + tl.arange(0, DR)[None, :], mask=offs_n[:, None] < T,
+                 other=0.0).to(tl.float32)
+    kk = tl.reshape(kr[:, :, None] * kr[:, None, :], (BN, DR * DR))
+    return _hi_lo(kk, DT)
+
+
+@triton.jit
+def _s2_dot(w, kkh, kkl, s2, PREC: tl.constexpr, DT: tl.constexpr):
+    """s2 + Σ_j w_ij k_j k_jᵀ on the tensor cores. kk = kkh + kkl exactly; w (fp32) goes in as hi + lo (relative
+    2^-17), from PREC 2 on in three parts (2^-25): the error of C = S2/Σw - k̄ k̄ᵀ is then fp32's."""
+    wb, wm, wl = _split3(w, DT)
+    s2 = tl.dot(wb, kkh, s2)
+    s2 = tl.dot(wb, kkl, s2)
+    s2 = tl.dot(wm, kkh, s2)
+    if PREC >= 2:
+        s2 = tl.dot(wm, kkl, s2)
+        s2 = tl.dot(wl, kkh, s2)
+    return s2
+
+
+@triton.jit
+def _direct_solve(s2, wsum, kbar, lam, rhs, D: tl.constexpr, DR: tl.constexpr, BM: tl.constexpr):
+    """x = C⁻¹ rhs per row with C = S2/Σw - k̄ k̄ᵀ + λI formed explicitly (real head dims DR <= 8), by Gaussian
+    elimination on the rows of the symmetric positive definite C (LDLᵀ without pivoting: stable for SPD), in
+    fp32 registers. For rhs scaled to unit size as in ``_cg_solve``."""
+    kr = _first(kbar, D, DR, BM)
+    br = _first(rhs, D, DR, BM)
+    ii = tl.arange(0, DR)
+    eye = ii[:, None] == ii[None, :]
+    A = tl.reshape(s2, (BM, DR, DR)) / wsum[:, None, None] - kr[:, :, None] * kr[:, None, :]
+    A = A + tl.where(eye[None, :, :], lam[:, None, None], 0.0)
+    sc = tl.max(tl.abs(br), 1)
+    sc = tl.where(sc > 0, sc, 1.0)
+    x = br / sc[:, None]
+    for j in tl.static_range(DR):               # eliminate below the diagonal, reading row j only
+        ej = ii == j
+        rowj = tl.sum(tl.where(ej[None, :, None], A, 0.0), 1)
+        piv = tl.sum(tl.where(ej[None, :], rowj, 0.0), 1)
+        xj = tl.sum(tl.where(ej[None, :], x, 0.0), 1)
+        f = tl.where((ii > j)[None, :], rowj / piv[:, None], 0.0)      # C symmetric: C[i, j] = C[j, i]
+        A = A - f[:, :, None] * rowj[:, None, :]
+        x = x - f * xj[:, None]
+    y = tl.zeros([BM, DR], tl.float32)
+    for jj in tl.static_range(DR):              # back substitution
+        j = DR - 1 - jj
+        ej = ii == j
+        rowj = tl.sum(tl.where(ej[None, :, None], A, 0.0), 1)
+        piv = tl.sum(tl.where(ej[None, :], rowj, 0.0), 1)
+        xj = tl.sum(tl.where(ej[None, :], x, 0.0), 1)
+        sj = tl.sum(tl.where((ii > j)[None, :], rowj * y, 0.0), 1)
+        y = tl.where(ej[None, :], ((xj - sj) / piv)[:, None], y)
+    return _widen(y * sc[:, None], D, DR, BM)
 
 
 @triton.jit
@@ -198,7 +284,7 @@ def _cg_solve(rhs, q, kbar, lse2, lam, dinv, Kb, offs_m, offs_d, hi, T, sc2, tol
 @triton.jit
 def _lla_fwd(Q, K, V, LAM, OUT, Y, LSE, ITS, T, sc2, tol2, max_iter,
              D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, JACOBI: tl.constexpr, STORE_Y: tl.constexpr,
-             PREC: tl.constexpr):
+             PREC: tl.constexpr, DR: tl.constexpr, DIRECT: tl.constexpr):
     n_m = tl.cdiv(T, BM)
     pid_m = n_m - 1 - tl.program_id(0)            # longest tiles first
     bh = tl.program_id(1).to(tl.int64)
@@ -218,6 +304,7 @@ def _lla_fwd(Q, K, V, LAM, OUT, Y, LSE, ITS, T, sc2, tol2, max_iter,
     wsum = tl.zeros([BM], tl.float32)
     mk = tl.zeros([BM, D], tl.float32)
     dg = tl.zeros([BM, D], tl.float32)
+    s2 = tl.zeros([BM, DR * DR], tl.float32)
     for start in range(0, hi, BN):
         offs_n = start + tl.arange(0, BN)
         k = tl.load(Kb + offs_n[:, None] * D + offs_d[None, :], mask=offs_n[:, None] < T, other=0.0)
@@ -225,14 +312,23 @@ def _lla_fwd(Q, K, V, LAM, OUT, Y, LSE, ITS, T, sc2, tol2, max_iter,
         m_new = tl.maximum(m, tl.max(s, 1))
         m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.math.exp2(m - m_new)
-        wb, wl = _hi_lo(tl.math.exp2(s - m_new[:, None]), DT)
-        if PREC >= 1:
+        w = tl.math.exp2(s - m_new[:, None])
+        wb, wl = _hi_lo(w, DT)
+        if DIRECT:                                  # the weights as _s2_dot splits them, in k̄ and Σw too
+            wb, wm, wl = _split3(w, DT)
+            wsum = wsum * alpha + tl.sum(wb.to(tl.float32) + wm.to(tl.float32), 1)
+            mk = tl.dot(wm, k, tl.dot(wb, k, mk * alpha[:, None]))
+            if PREC >= 2:
+                wsum += tl.sum(wl.to(tl.float32), 1)
+                mk = tl.dot(wl, k, mk)
+            kkh, kkl = _kk(Kb, offs_n, T, DR, D, BN, DT)
+            s2 = _s2_dot(w, kkh, kkl, s2 * alpha[:, None], PREC, DT)
+        elif PREC >= 1:
             wsum = wsum * alpha + tl.sum(wb.to(tl.float32) + wl.to(tl.float32), 1)
+            mk = tl.dot(wl, k, tl.dot(wb, k, mk * alpha[:, None]))
         else:
             wsum = wsum * alpha + tl.sum(wb.to(tl.float32), 1)
-        mk = tl.dot(wb, k, mk * alpha[:, None])
-        if PREC >= 1:
-            mk = tl.dot(wl, k, mk)
+            mk = tl.dot(wb, k, mk * alpha[:, None])
         if JACOBI:
             kf = k.to(tl.float32)
             dg = tl.dot(wb, (kf * kf).to(DT), dg * alpha[:, None])
@@ -246,8 +342,12 @@ def _lla_fwd(Q, K, V, LAM, OUT, Y, LSE, ITS, T, sc2, tol2, max_iter,
         dinv = 1.0 / tl.maximum(diag, lam[:, None])
     else:
         dinv = bv
-    y, it = _cg_solve(bv, q, kbar, lse2, lam, dinv, Kb, offs_m, offs_d, hi, T, sc2, tol2, max_iter,
-                      D, BN, JACOBI, PREC, False)
+    if DIRECT:
+        y = _direct_solve(s2, wsum, kbar, lam, bv, D, DR, BM)
+        it = tl.full([], 0, tl.int32)
+    else:
+        y, it = _cg_solve(bv, q, kbar, lse2, lam, dinv, Kb, offs_m, offs_d, hi, T, sc2, tol2, max_iter,
+                          D, BN, JACOBI, PREC, False)
 
     # pass 3: o = Σ a (1 - y . (k - k̄)) v. When λ is small and the query lies outside the key cloud, |y| is up to
     # |k̄ - q|/λ and e = y.k - y.k̄ cancels, so y and the weights always go through the matmuls as hi + lo
@@ -278,7 +378,8 @@ def _lla_fwd(Q, K, V, LAM, OUT, Y, LSE, ITS, T, sc2, tol2, max_iter,
 
 @triton.jit
 def _lla_bwd_q(Q, K, V, G, LAM, Y, LSE, DQ, NU, ROWS, DLAM, ITS, T, scale, sc2, tol2, max_iter,
-               D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, JACOBI: tl.constexpr, PREC: tl.constexpr):
+               D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, JACOBI: tl.constexpr, PREC: tl.constexpr,
+               DR: tl.constexpr, DIRECT: tl.constexpr):
     """Per query tile: k̄, h = Σ a (Γ - Γ̄)(k - k̄) with Γ_j = g . v_j; ν = C⁻¹ h; dq = ν + scale Σ P (k - k̄)."""
     n_m = tl.cdiv(T, BM)
     pid_m = n_m - 1 - tl.program_id(0)
@@ -303,6 +404,7 @@ def _lla_bwd_q(Q, K, V, G, LAM, Y, LSE, DQ, NU, ROWS, DLAM, ITS, T, scale, sc2, 
     dg = tl.zeros([BM, D], tl.float32)
     asum = tl.zeros([BM], tl.float32)
     gsum = tl.zeros([BM], tl.float32)
+    s2 = tl.zeros([BM, DR * DR], tl.float32)
     for start in range(0, hi, BN):
         offs_n = start + tl.arange(0, BN)
         kv_off = offs_n[:, None] * D + offs_d[None, :]
@@ -312,14 +414,29 @@ def _lla_bwd_q(Q, K, V, G, LAM, Y, LSE, DQ, NU, ROWS, DLAM, ITS, T, scale, sc2, 
         gam = tl.dot(g, tl.trans(v))
         ab, al = _hi_lo(a, DT)
         agb, agl = _hi_lo(a * gam, DT)
-        kb = tl.dot(ab, k, kb)
         tg = tl.dot(agb, k, tg)
-        if PREC >= 1:
+        if DIRECT:                                  # a as _s2_dot splits it, in k̄ and Σa too
+            ab, am, al = _split3(a, DT)
+            kb = tl.dot(am, k, tl.dot(ab, k, kb))
+            asum += tl.sum(ab.to(tl.float32) + am.to(tl.float32), 1)
+            if PREC >= 2:
+                kb = tl.dot(al, k, kb)
+                asum += tl.sum(al.to(tl.float32), 1)
+            if PREC >= 1:
+                tg = tl.dot(agl, k, tg)
+                gsum += tl.sum(agb.to(tl.float32) + agl.to(tl.float32), 1)
+            else:
+                gsum += tl.sum(agb.to(tl.float32), 1)
+            kkh, kkl = _kk(Kb, offs_n, T, DR, D, BN, DT)
+            s2 = _s2_dot(a, kkh, kkl, s2, PREC, DT)
+        elif PREC >= 1:
+            kb = tl.dot(ab, k, kb)
             kb = tl.dot(al, k, kb)
             tg = tl.dot(agl, k, tg)
             asum += tl.sum(ab.to(tl.float32) + al.to(tl.float32), 1)
             gsum += tl.sum(agb.to(tl.float32) + agl.to(tl.float32), 1)
         else:
+            kb = tl.dot(ab, k, kb)
             asum += tl.sum(ab.to(tl.float32), 1)
             gsum += tl.sum(agb.to(tl.float32), 1)
         if JACOBI:
@@ -334,8 +451,12 @@ def _lla_bwd_q(Q, K, V, G, LAM, Y, LSE, DQ, NU, ROWS, DLAM, ITS, T, scale, sc2, 
         dinv = 1.0 / tl.maximum(diag, lam[:, None])
     else:
         dinv = h
-    nu, it = _cg_solve(h, q, kbar, lse2, lam, dinv, Kb, offs_m, offs_d, hi, T, sc2, tol2, max_iter,
-                       D, BN, JACOBI, PREC, PREC >= 3)
+    if DIRECT:
+        nu = _direct_solve(s2, asum, kbar, lam, h, D, DR, BM)
+        it = tl.full([], 0, tl.int32)
+    else:
+        nu, it = _cg_solve(h, q, kbar, lse2, lam, dinv, Kb, offs_m, offs_d, hi, T, sc2, tol2, max_iter,
+                           D, BN, JACOBI, PREC, PREC >= 3)
     yb, yl, yl2 = _split3(y, DT)
     nb, nl = _hi_lo(nu, DT)
     if PREC >= 1:
@@ -468,11 +589,12 @@ def _iter_cap(max_iter, prec, Dp):
     return max(max_iter, SMALL_RIDGE_ITERS_PER_DIM * Dp) if prec >= 2 else max_iter
 
 
-def lla_forward(q, k, v, lam, scale, tol, max_iter, jacobi, cfg=None, store_y=True, prec=None):
+def lla_forward(q, k, v, lam, scale, tol, max_iter, jacobi, cfg=None, store_y=True, prec=None, dr=None):
     """q, k, v: (BH, T, Dp) contiguous, Dp a power of two >= 16; lam: (BH, T) fp32.
 
     ``prec`` (default: ``precision_level(lam.min())``) is the precision level; the backward must get the same.
-    Returns o, y (fp32), lse (log2-sum-exp per row), and the CG iterations per query tile."""
+    ``dr``: solve directly (``_direct_solve``) over the first ``dr`` head dims (4 or 8; the others zero), else CG.
+    Returns o, y (fp32), lse (log2-sum-exp per row), and the CG iterations per query tile (0: direct)."""
     BH, T, Dp = q.shape
     prec = precision_level(float(lam.min())) if prec is None else int(prec)
     BM, BN, nw, ns = _cfg("fwd", Dp, cfg)
@@ -482,12 +604,14 @@ def lla_forward(q, k, v, lam, scale, tol, max_iter, jacobi, cfg=None, store_y=Tr
     n_m = triton.cdiv(T, BM)
     its = torch.empty(BH, n_m, device=q.device, dtype=torch.int32)
     _lla_fwd[(n_m, BH)](q, k, v, lam, o, y, lse, its, T, scale * LOG2E, tol * tol, _iter_cap(max_iter, prec, Dp),
-                        D=Dp, BM=BM, BN=BN, JACOBI=jacobi, STORE_Y=store_y, PREC=prec, num_warps=nw, num_stages=ns)
+                        D=Dp, BM=BM, BN=BN, JACOBI=jacobi, STORE_Y=store_y, PREC=prec, DR=dr or 4,
+                        DIRECT=dr is not None, num_warps=nw, num_stages=ns)
     return o, y, lse, its
 
 
-def lla_backward(q, k, v, g, lam, y, lse, scale, tol, max_iter, jacobi, cfg=None, prec=None):
-    """Returns dq, dk, dv, dλ (fp32, (BH, T)) and the CG iterations per query tile (``prec`` as the forward's)."""
+def lla_backward(q, k, v, g, lam, y, lse, scale, tol, max_iter, jacobi, cfg=None, prec=None, dr=None):
+    """Returns dq, dk, dv, dλ (fp32, (BH, T)) and the CG iterations per query tile (``prec``, ``dr`` as the
+    forward's)."""
     prec = precision_level(float(lam.min())) if prec is None else int(prec)
     BH, T, Dp = q.shape
     BM, BN, nw, ns = _cfg("bwd_q", Dp, cfg)
@@ -499,7 +623,7 @@ def lla_backward(q, k, v, g, lam, y, lse, scale, tol, max_iter, jacobi, cfg=None
     its = torch.empty(BH, n_m, device=q.device, dtype=torch.int32)
     _lla_bwd_q[(n_m, BH)](q, k, v, g, lam, y, lse, dq, nu, rows, dlam, its, T, scale, scale * LOG2E,
                           tol * tol, _iter_cap(max_iter, prec, Dp), D=Dp, BM=BM, BN=BN, JACOBI=jacobi, PREC=prec,
-                          num_warps=nw, num_stages=ns)
+                          DR=dr or 4, DIRECT=dr is not None, num_warps=nw, num_stages=ns)
     BM, BN, nw, ns = _cfg("bwd_kv", Dp, cfg)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
@@ -510,8 +634,9 @@ def lla_backward(q, k, v, g, lam, y, lse, scale, tol, max_iter, jacobi, cfg=None
 
 class LLAFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, ridge, scale, tol, max_iter, jacobi, cfg, store, prec):
+    def forward(ctx, q, k, v, ridge, scale, tol, max_iter, jacobi, cfg, store, prec, solve):
         B, H, T, D = q.shape
+        dr = direct_dims(D, solve)
         dtype = q.dtype if q.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
         Dp = max(16, 1 << (D - 1).bit_length())
         qq, kk, vv = (_pad_dim(t.to(dtype), Dp).reshape(B * H, T, Dp).contiguous() for t in (q, k, v))
@@ -521,9 +646,10 @@ class LLAFunction(torch.autograd.Function):
             lam = torch.full((B * H, T), float(ridge), device=q.device, dtype=torch.float32)
         if prec is None:                          # a float ridge needs no device sync
             prec = precision_level(float(lam.min()) if torch.is_tensor(ridge) else float(ridge))
-        o, y, lse, its = lla_forward(qq, kk, vv, lam, scale, tol, max_iter, jacobi, cfg, store_y=store, prec=prec)
+        o, y, lse, its = lla_forward(qq, kk, vv, lam, scale, tol, max_iter, jacobi, cfg, store_y=store, prec=prec,
+                                     dr=dr)
         ctx.save_for_backward(qq, kk, vv, lam, y, lse)
-        ctx.meta = (B, H, T, D, scale, tol, max_iter, jacobi, cfg, prec, q.dtype,
+        ctx.meta = (B, H, T, D, scale, tol, max_iter, jacobi, cfg, prec, dr, q.dtype,
                     ridge.shape if torch.is_tensor(ridge) else None)
         ctx.fwd_iters = its
         out = o.reshape(B, H, T, Dp)[..., :D]
@@ -532,24 +658,26 @@ class LLAFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_o):
         qq, kk, vv, lam, y, lse = ctx.saved_tensors
-        B, H, T, D, scale, tol, max_iter, jacobi, cfg, prec, in_dtype, ridge_shape = ctx.meta
+        B, H, T, D, scale, tol, max_iter, jacobi, cfg, prec, dr, in_dtype, ridge_shape = ctx.meta
         Dp = qq.shape[-1]
         g = _pad_dim(grad_o.to(qq.dtype), Dp).reshape(B * H, T, Dp).contiguous()
-        dq, dk, dv, dlam, _ = lla_backward(qq, kk, vv, g, lam, y, lse, scale, tol, max_iter, jacobi, cfg, prec)
+        dq, dk, dv, dlam, _ = lla_backward(qq, kk, vv, g, lam, y, lse, scale, tol, max_iter, jacobi, cfg, prec, dr)
         grads = [t.reshape(B, H, T, Dp)[..., :D].to(in_dtype) for t in (dq, dk, dv)]
         dridge = None
         if ridge_shape is not None and ctx.needs_input_grad[3]:
             dridge = dlam.reshape(B, H, T)
             dridge = dridge.sum_to_size(ridge_shape) if tuple(ridge_shape) != (B, H, T) else dridge
-        return (*grads, dridge, None, None, None, None, None, None, None)
+        return (*grads, dridge, None, None, None, None, None, None, None, None)
 
 
-def lla(q, k, v, *, ridge, scale=None, tol=None, max_iter=None, jacobi=None, cfg=None, prec=None):
+def lla(q, k, v, *, ridge, scale=None, tol=None, max_iter=None, jacobi=None, cfg=None, prec=None, solve=None):
     """Causal LLA on (B, H, T, D) CUDA tensors (bf16/fp16; fp32 inputs run in bf16) -> (B, H, T, D).
 
     ``ridge`` is λ: a float or a tensor broadcastable to (B, H, T); it gets a gradient when it requires one.
     ``tol`` (relative CG residual), ``max_iter`` and ``jacobi`` default to ``DEFAULTS``; ``prec`` (the precision
-    level, module docstring) defaults to ``precision_level(λ.min())``.
+    level, module docstring) defaults to ``precision_level(λ.min())``. ``solve``: "auto" (``direct_dims``: the
+    explicit solve for heads of at most ``DIRECT_MAX_DIM`` dims, CG above), "cg" or "direct"; default
+    ``$MIXZOO_LLA_SOLVE``, else "auto".
     """
     if q.dim() != 4:
         raise ValueError(f"lla: expected (B, H, T, D) inputs, got shape {tuple(q.shape)}")
@@ -562,8 +690,13 @@ def lla(q, k, v, *, ridge, scale=None, tol=None, max_iter=None, jacobi=None, cfg
     jacobi = DEFAULTS["jacobi"] if jacobi is None else bool(jacobi)
     # y is kept for the backward only when one can follow (autograd.Function.forward itself runs without grad)
     store = torch.is_grad_enabled() and any(torch.is_tensor(t) and t.requires_grad for t in (q, k, v, ridge))
-    return LLAFunction.apply(q, k, v, ridge, scale, tol, max_iter, jacobi, cfg, store, prec)
+    solve = solve or os.environ.get("MIXZOO_LLA_SOLVE") or DEFAULTS["solve"]
+    if solve not in SOLVES:
+        raise ValueError(f"lla: solve={solve!r}; allowed: {', '.join(SOLVES)}")
+    if solve == "direct" and D > DIRECT_MAX_DIM:
+        raise ValueError(f"lla: solve='direct' needs a head dim of at most {DIRECT_MAX_DIM}, got {D}")
+    return LLAFunction.apply(q, k, v, ridge, scale, tol, max_iter, jacobi, cfg, store, prec, solve)
 
 
 __all__ = ["lla", "lla_forward", "lla_backward", "LLAFunction", "CONFIGS", "DEFAULTS", "PREC_BELOW",
-           "precision_level"]
+           "precision_level", "direct_dims", "DIRECT_MAX_DIM", "SOLVES"]
