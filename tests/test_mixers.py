@@ -158,11 +158,11 @@ def test_mesa_exact_matches_fla_reference():
     torch.testing.assert_close(mesa_exact(q, k, v, g, beta, lamb), tt(want), atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("switch", [None, "fla"])
+@pytest.mark.parametrize("switch", [None, "fla", "torch"])
 def test_mesa_fast_path_hands_fla_unnormalized_q_k_and_asks_it_to_normalize(switch, monkeypatch):
-    """With MIXZOO_MESA_L2NORM=fla the fla path passes q and k as they come from the convolution, padded,
-    with use_qk_l2norm_in_kernel=True (fla normalizes them inside the call); by default normalized, with
-    the flag off. With a stand-in for fla's op that does what its flag says and reads out exactly, the
+    """By default (and with MIXZOO_MESA_L2NORM=fla) the fla path passes q and k as they come from the
+    convolution, padded, with use_qk_l2norm_in_kernel=True (fla normalizes them inside the call); with
+    MIXZOO_MESA_L2NORM=torch normalized before the call, with the flag off. With a stand-in for fla's op that does what its flag says and reads out exactly, the
     layer equals the torch-exact path either way, values and gradients, at a head of 8 padded to 16 and
     a length padded to 64."""
     if switch:
@@ -190,11 +190,12 @@ def test_mesa_fast_path_hands_fla_unnormalized_q_k_and_asks_it_to_normalize(swit
     x = torch.randn(2, 37, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     xs = [x.clone().requires_grad_() for _ in range(2)]
     ys = [m(xi) for m, xi in zip((ref, fast), xs)]
-    assert (ref.backend, fast.backend) == ("torch-exact", "fla-chunk" + ("+fla-l2norm" if switch else ""))
+    in_call = switch != "torch"
+    assert (ref.backend, fast.backend) == ("torch-exact", "fla-chunk" + ("+fla-l2norm" if in_call else ""))
     (shape, flag, norms), = seen
-    assert shape == (2, 64, 4, 16) and flag == bool(switch)
+    assert shape == (2, 64, 4, 16) and flag == in_call
     off = (norms[:, :37] - 1).abs().max()
-    assert off > 1e-2 if switch else off < 1e-12           # normalized before the call, or by fla inside it
+    assert off > 1e-2 if in_call else off < 1e-12          # normalized by fla inside the call, or before it
     torch.testing.assert_close(ys[1], ys[0], atol=1e-10, rtol=1e-8)
     w = torch.randn_like(ys[0])
     gs = [torch.autograd.grad((y * w).sum(), [xi, *m.parameters()]) for y, xi, m in zip(ys, xs, (ref, fast))]

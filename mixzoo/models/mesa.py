@@ -122,7 +122,7 @@ class MesaNet(nn.Module):
         qkv, gate, b = self.proj(x).split([3 * d, d, self.h], dim=-1)
         q, k, v = (split_heads(t, self.h) for t in self.conv(qkv).chunk(3, dim=-1))
         fast = self._fast(x)
-        in_kernel = fast is not None and os.environ.get("MIXZOO_MESA_L2NORM", "torch") == "fla"
+        in_kernel = fast is not None and os.environ.get("MIXZOO_MESA_L2NORM", "fla") == "fla"
         if not in_kernel:
             q, k = l2norm(q), l2norm(k)
         g = F.logsigmoid(self.a_proj(x).float())                # (B, T, H)
@@ -144,12 +144,12 @@ class MesaNet(nn.Module):
                 lamb = F.pad(lamb, (0, dpad), value=1.0)
             else:
                 q, k, v = (t.contiguous() for t in (q, k, v))
-            # MIXZOO_MESA_L2NORM=fla: q and k are L2-normalized by fla inside the call (its Triton l2norm,
+            # By default (MIXZOO_MESA_L2NORM=fla) q and k are L2-normalized by fla inside the call (its Triton l2norm,
             # float32 sums, written in float16, the precision the kernel casts q and k to either way), not
             # by F.normalize before it, which under bf16 autocast writes float32 copies with about ten
             # elementwise kernels forward and backward (12 % of a stacked MesaNet step's device time in the
-            # H200 profile). Measured 1.21x to 1.23x a stacked step at lengths 128 to 1024 on the H200;
-            # off by default until the GPU tests of the fast path (tests/gpu: mesa) have run with it.
+            # H200 profile). Measured 1.21x to 1.23x a stacked step at lengths 128 to 1024 on the H200, where
+            # the GPU tests of the fast path pass both ways (tests/gpu: mesa). MIXZOO_MESA_L2NORM=torch: F.normalize.
             # Zero-padded dims and positions stay zero (0 / sqrt(0 + eps)).
             o = fast(q, k, v, g=g, beta=beta, lamb=lamb, max_CG_iteration=self.cg,
                      use_qk_l2norm_in_kernel=in_kernel)[0][:, :T, :, :D]
