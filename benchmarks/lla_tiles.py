@@ -1,13 +1,16 @@
 """LLA kernel tiles at the mad recipe's heads: which (BLOCK_M, BLOCK_N, warps, stages) is fastest per kernel.
 
-``python benchmarks/lla_tiles.py [--T 128,512,1024] [--bh 2048] [--lam 1.0] [--out FILE.json]`` on a GPU.
+``python benchmarks/lla_tiles.py [--T 128,512,1024] [--bh 2048] [--lam 1.0] [--solves cg,direct,direct1]
+[--sweep direct] [--out FILE.json]`` on a GPU.
 The mad recipe runs LLA at 16 heads of 8 (padded to 16 in the kernel), batch 128: BH = 2048 per model. The
 tiles in ``mixzoo.kernels.lla.triton_lla.CONFIGS`` were measured at T = 4096, D = 128. For each kernel
 (fwd, bwd_q, bwd_kv) and candidate tile, the other two kernels at their defaults: the forward's and the
 backward's median times (triton's do_bench) and the CG iterations, with the outputs checked against the
 default tiles' (the tile changes the summation order only). Inputs: Gaussian q, k, v of width 8 zero-padded
 to 16 (as ``lla()`` pads them), the ridge ``--lam`` everywhere (mixzoo's default ridge 1.0 runs at
-precision level 2).
+precision level 2). ``--solves``: the solves timed side by side at the default tiles (``cg``: conjugate
+gradients; ``direct``: the explicit solve of heads of at most 8 dims; ``direct1``: the same with the output
+formed from the moment pass, ``onepass``); ``--sweep``: those whose tiles are then swept.
 """
 from __future__ import annotations
 
@@ -36,17 +39,21 @@ def _rel(a, b):
     return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
 
 
-def run(BH, T, lam, cfg, d=8, Dp=16):
+SOLVES = {"cg": dict(dr=None, onepass=False), "direct": dict(dr=8, onepass=False), "direct1": dict(dr=8, onepass=True)}
+
+
+def run(BH, T, lam, cfg, d=8, Dp=16, solve="cg"):
     q, k, v, go = _inputs(BH, T, d, Dp)
     lamt = torch.full((BH, T), lam, device="cuda")
     s = d ** -0.5
     tol, it, jac = K.DEFAULTS["tol"], K.DEFAULTS["max_iter"], K.DEFAULTS["jacobi"]
-    o, y, lse, itf = K.lla_forward(q, k, v, lamt, s, tol, it, jac, cfg)
-    dq, dk, dv, dl, itb = K.lla_backward(q, k, v, go, lamt, y, lse, s, tol, it, jac, cfg)
-    tf = triton.testing.do_bench(lambda: K.lla_forward(q, k, v, lamt, s, tol, it, jac, cfg), warmup=5, rep=40,
-                                 return_mode="median")
-    tb = triton.testing.do_bench(lambda: K.lla_backward(q, k, v, go, lamt, y, lse, s, tol, it, jac, cfg), warmup=5,
+    sv = SOLVES[solve]
+    o, y, lse, itf = K.lla_forward(q, k, v, lamt, s, tol, it, jac, cfg, **sv)
+    dq, dk, dv, dl, itb = K.lla_backward(q, k, v, go, lamt, y, lse, s, tol, it, jac, cfg, dr=sv["dr"])
+    tf = triton.testing.do_bench(lambda: K.lla_forward(q, k, v, lamt, s, tol, it, jac, cfg, **sv), warmup=5,
                                  rep=40, return_mode="median")
+    tb = triton.testing.do_bench(lambda: K.lla_backward(q, k, v, go, lamt, y, lse, s, tol, it, jac, cfg,
+                                                        dr=sv["dr"]), warmup=5, rep=40, return_mode="median")
     return tf, tb, float(itf.float().mean()), float(itb.float().mean()), (o, dq, dk, dv)
 
 
@@ -56,28 +63,40 @@ def main(argv=None) -> int:
     ap.add_argument("--bh", type=int, default=2048)
     ap.add_argument("--lam", type=float, default=1.0)
     ap.add_argument("--budget-s", type=float, default=240.0)
+    ap.add_argument("--solves", default="cg,direct,direct1")
+    ap.add_argument("--sweep", default="direct")
     ap.add_argument("--out")
     a = ap.parse_args(argv)
+    solves, sweep = a.solves.split(","), [x for x in a.sweep.split(",") if x]
     t0, rows = time.time(), []
     print(f"device {torch.cuda.get_device_name()}; BH={a.bh} d=8 (padded 16) lam={a.lam}; defaults "
           f"{ {k: v[16] for k, v in K.CONFIGS.items()} }", flush=True)
     for T in (int(x) for x in a.T.split(",")):
-        tf0, tb0, _, _, ref = run(a.bh, T, a.lam, None)
-        print(f"T={T} default: fwd {tf0:.3f} ms  bwd {tb0:.3f} ms", flush=True)
-        rows.append(dict(T=T, kind="default", cfg=None, fwd_ms=tf0, bwd_ms=tb0))
-        for kind in ("fwd", "bwd_q", "bwd_kv"):
-            for c in CANDS:
-                if c == K.CONFIGS[kind][16] or time.time() - t0 > a.budget_s:
-                    continue
-                try:
-                    tf, tb, itf, itb, outs = run(a.bh, T, a.lam, {kind: c})
-                    err = max(_rel(x, r) for x, r in zip(outs, ref))
-                    rows.append(dict(T=T, kind=kind, cfg=c, fwd_ms=tf, bwd_ms=tb, it_fwd=itf, it_bwd=itb, max_rel=err))
-                    print(f"T={T} {kind} {c}: fwd {tf:.3f} ({tf / tf0:.2f}x)  bwd {tb:.3f} ({tb / tb0:.2f}x)  "
-                          f"it {itf:.1f}/{itb:.1f}  vs default {err:.1e}", flush=True)
-                except Exception as e:  # noqa: BLE001  (a tile that does not fit shared memory or registers)
-                    rows.append(dict(T=T, kind=kind, cfg=c, error=f"{type(e).__name__}: {str(e)[:160]}"))
-                    print(f"T={T} {kind} {c}: failed {type(e).__name__}: {str(e)[:120]}", flush=True)
+        base = {}
+        for sol in solves:                      # the solves side by side at the default tiles
+            tf0, tb0, itf, itb, ref = run(a.bh, T, a.lam, None, solve=sol)
+            base[sol] = (tf0, tb0, ref)
+            err = max(_rel(x, r) for x, r in zip(ref, base[solves[0]][2]))
+            print(f"T={T} {sol} default tiles: fwd {tf0:.3f} ms  bwd {tb0:.3f} ms  it {itf:.1f}/{itb:.1f}  "
+                  f"vs {solves[0]} {err:.1e}", flush=True)
+            rows.append(dict(T=T, solve=sol, kind="default", cfg=None, fwd_ms=tf0, bwd_ms=tb0, it_fwd=itf,
+                             it_bwd=itb, max_rel_vs_first=err))
+        for sol in sweep:
+            tf0, tb0, ref = base[sol]
+            for kind in ("fwd", "bwd_q", "bwd_kv"):
+                for c in CANDS:
+                    if c == K.CONFIGS[kind][16] or time.time() - t0 > a.budget_s:
+                        continue
+                    try:
+                        tf, tb, itf, itb, outs = run(a.bh, T, a.lam, {kind: c}, solve=sol)
+                        err = max(_rel(x, r) for x, r in zip(outs, ref))
+                        rows.append(dict(T=T, solve=sol, kind=kind, cfg=c, fwd_ms=tf, bwd_ms=tb, it_fwd=itf,
+                                         it_bwd=itb, max_rel=err))
+                        print(f"T={T} {sol} {kind} {c}: fwd {tf:.3f} ({tf / tf0:.2f}x)  bwd {tb:.3f} "
+                              f"({tb / tb0:.2f}x)  it {itf:.1f}/{itb:.1f}  vs default {err:.1e}", flush=True)
+                    except Exception as e:  # noqa: BLE001  (a tile that does not fit shared memory or registers)
+                        rows.append(dict(T=T, solve=sol, kind=kind, cfg=c, error=f"{type(e).__name__}: {str(e)[:160]}"))
+                        print(f"T={T} {sol} {kind} {c}: failed {type(e).__name__}: {str(e)[:120]}", flush=True)
     if a.out:
         with open(a.out, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), bh=a.bh, lam=a.lam, rows=rows), f, indent=1)

@@ -171,11 +171,13 @@ for D in (8, 5):
         ref = lla_reference(*xd, ridge=lam)
         ref.backward(go.double())
         res = {{}}
-        for solve in ("direct", "cg"):
+        for solve, onepass in (("direct", False), ("direct", True), ("cg", False)):
+            triton_lla.DEFAULTS["onepass"] = onepass
             xs = [t.clone().requires_grad_(True) for t in (q, k, v)]
             o = triton_lla.lla(*xs, ridge=lam, solve=solve)
             o.backward(go.bfloat16())
-            res[solve] = [L._rel(o, ref)] + [L._rel(a.grad, b.grad) for a, b in zip(xs, xd)]
+            res[solve + ("-onepass" if onepass else "")] = [L._rel(o, ref)] + [L._rel(a.grad, b.grad) for a, b in zip(xs, xd)]
+        triton_lla.DEFAULTS["onepass"] = False
         # the launch itself: the direct one runs no CG iteration, forward or backward
         pad = [torch.nn.functional.pad(t, (0, 16 - D)).reshape(2, T, 16).contiguous() for t in (q, k, v, go.bfloat16())]
         lamt = torch.full((2, T), lam)
@@ -193,7 +195,8 @@ def test_small_heads_solve_directly():
     """Heads of at most 8 dims (the mad recipe's 16 heads of 8) form C = Σ a (k - k̄)(k - k̄)ᵀ + λI in the
     moment pass and solve it in registers (no CG pass over the keys, forward or backward); output and
     gradients as close to the float64 reference as CG's, at the precision levels 3, 2 and 0, for a
-    head of 8 and one of 5 (padded to 8 inside the solve, to 16 for the matmuls)."""
+    head of 8 and one of 5 (padded to 8 inside the solve, to 16 for the matmuls); also with the output
+    formed from moments of the first pass (``onepass``)."""
     code = DIRECT.format(bench=str(ROOT / "benchmarks"), root=str(ROOT))
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=600)
@@ -202,9 +205,10 @@ def test_small_heads_solve_directly():
     print(json.dumps(r, indent=1))
     for case, res in r.items():
         assert res["its"]["direct"] == [0, 0] and min(res["its"]["cg"]) > 0, (case, res["its"])
-        for name, err, cg in zip(("o", "dq", "dk", "dv"), res["rel"]["direct"], res["rel"]["cg"]):
-            assert err < (1e-2 if name == "o" else 2e-2), (case, name, err)      # the GPU tests' tolerances
-            assert err < 2 * cg + 2e-3, (case, name, err, cg)                      # no worse than CG's
+        for variant in ("direct", "direct-onepass"):
+            for name, err, cg in zip(("o", "dq", "dk", "dv"), res["rel"][variant], res["rel"]["cg"]):
+                assert err < (1e-2 if name == "o" else 2e-2), (case, variant, name, err)   # the GPU tests' tolerances
+                assert err < 2 * cg + 2e-3, (case, variant, name, err, cg)                  # no worse than CG's
 
 
 def test_solve_choice():

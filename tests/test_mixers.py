@@ -162,9 +162,9 @@ def test_mesa_exact_matches_fla_reference():
 def test_mesa_fast_path_hands_fla_unnormalized_q_k_and_asks_it_to_normalize(switch, monkeypatch):
     """By default (and with MIXZOO_MESA_L2NORM=fla) the fla path passes q and k as they come from the
     convolution, padded, with use_qk_l2norm_in_kernel=True (fla normalizes them inside the call); with
-    MIXZOO_MESA_L2NORM=torch normalized before the call, with the flag off. With a stand-in for fla's op that does what its flag says and reads out exactly, the
-    layer equals the torch-exact path either way, values and gradients, at a head of 8 padded to 16 and
-    a length padded to 64."""
+    MIXZOO_MESA_L2NORM=torch normalized before the call, with the flag off. With a stand-in for fla's op
+    that does what its flag says and reads out exactly, the layer equals the torch-exact path either way,
+    values and gradients, at a head of 8 padded to 16 and a length padded to 64."""
     if switch:
         monkeypatch.setenv("MIXZOO_MESA_L2NORM", switch)
     else:

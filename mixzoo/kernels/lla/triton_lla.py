@@ -87,7 +87,7 @@ CONFIGS = {
     "bwd_q": {16: (64, 64, 4, 2), 32: (64, 64, 4, 2), 64: (64, 64, 4, 2), 128: (64, 64, 4, 2)},
     "bwd_kv": {16: (64, 64, 4, 2), 32: (64, 64, 4, 2), 64: (64, 64, 4, 2), 128: (64, 64, 4, 2)},
 }
-DEFAULTS = {"tol": 1e-3, "max_iter": 48, "jacobi": False, "solve": "auto"}
+DEFAULTS = {"tol": 1e-3, "max_iter": 48, "jacobi": False, "solve": "auto", "onepass": False}
 # Heads of at most this many dims solve C y = b directly (``_direct_solve``): C's DR x DR entries are summed in
 # the moment pass (DR = 4 or 8, the head dim rounded up; tl.dot needs DR·DR >= 16), then eliminated in registers,
 # in place of CG's passes over the keys. Wider heads would not fit C in registers.
@@ -140,27 +140,31 @@ def _widen(xr, D: tl.constexpr, DR: tl.constexpr, BM: tl.constexpr):
 
 
 @triton.jit
-def _kk(Kb, offs_n, T, DR: tl.constexpr, D: tl.constexpr, BN: tl.constexpr, DT: tl.constexpr):
-    """The products k kᵀ of a key tile's real head dims, (BN, DR·DR), as hi + lo in DT: exact, since a product
-    of two bf16 (fp16) values has at most 16 (22) significant bits."""
-    kr = tl.load(Kb + offs_n[:, None] * D + tl.arange(0, DR)[None, :], mask=offs_n[:, None] < T,
-                 other=0.0).to(tl.float32)
-    kk = tl.reshape(kr[:, :, None] * kr[:, None, :], (BN, DR * DR))
-    return _hi_lo(kk, DT)
+def _rows(X, offs_n, T, DR: tl.constexpr, D: tl.constexpr):
+    """The first DR (real) head dims of a tile of rows of X, (BN, DR) fp32."""
+    return tl.load(X + offs_n[:, None] * D + tl.arange(0, DR)[None, :], mask=offs_n[:, None] < T,
+                   other=0.0).to(tl.float32)
 
 
 @triton.jit
-def _s2_dot(w, kkh, kkl, s2, PREC: tl.constexpr, DT: tl.constexpr):
-    """s2 + Σ_j w_ij k_j k_jᵀ on the tensor cores. kk = kkh + kkl exactly; w (fp32) goes in as hi + lo (relative
-    2^-17), from PREC 2 on in three parts (2^-25): the error of C = S2/Σw - k̄ k̄ᵀ is then fp32's."""
-    wb, wm, wl = _split3(w, DT)
-    s2 = tl.dot(wb, kkh, s2)
-    s2 = tl.dot(wb, kkl, s2)
-    s2 = tl.dot(wm, kkh, s2)
+def _outer(a, b, BN: tl.constexpr, DR: tl.constexpr, DT: tl.constexpr):
+    """The products a bᵀ per row, (BN, DR·DR), as hi + lo in DT: exact, for a and b holding bf16 (fp16) values,
+    since a product of two of them has at most 16 (22) significant bits."""
+    return _hi_lo(tl.reshape(a[:, :, None] * b[:, None, :], (BN, DR * DR)), DT)
+
+
+@triton.jit
+def _moment_dot(wb, wm, wl, xh, xl, acc, PREC: tl.constexpr):
+    """acc + Σ_j w_ij x_j on the tensor cores, x = xh + xl exactly (``_outer``) and w = wb + wm + wl
+    (``_split3``): wb.xh + wb.xl + wm.xh, the weights to ~2^-17; from PREC 2 on also wm.xl + wl.xh (~2^-25), so
+    that C = S2/Σw - k̄ k̄ᵀ carries fp32's error and no more."""
+    acc = tl.dot(wb, xh, acc)
+    acc = tl.dot(wb, xl, acc)
+    acc = tl.dot(wm, xh, acc)
     if PREC >= 2:
-        s2 = tl.dot(wm, kkl, s2)
-        s2 = tl.dot(wl, kkh, s2)
-    return s2
+        acc = tl.dot(wm, xl, acc)
+        acc = tl.dot(wl, xh, acc)
+    return acc
 
 
 @triton.jit
@@ -284,7 +288,7 @@ def _cg_solve(rhs, q, kbar, lse2, lam, dinv, Kb, offs_m, offs_d, hi, T, sc2, tol
 @triton.jit
 def _lla_fwd(Q, K, V, LAM, OUT, Y, LSE, ITS, T, sc2, tol2, max_iter,
              D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, JACOBI: tl.constexpr, STORE_Y: tl.constexpr,
-             PREC: tl.constexpr, DR: tl.constexpr, DIRECT: tl.constexpr):
+             PREC: tl.constexpr, DR: tl.constexpr, DIRECT: tl.constexpr, ONEPASS: tl.constexpr):
     n_m = tl.cdiv(T, BM)
     pid_m = n_m - 1 - tl.program_id(0)            # longest tiles first
     bh = tl.program_id(1).to(tl.int64)
@@ -305,6 +309,8 @@ def _lla_fwd(Q, K, V, LAM, OUT, Y, LSE, ITS, T, sc2, tol2, max_iter,
     mk = tl.zeros([BM, D], tl.float32)
     dg = tl.zeros([BM, D], tl.float32)
     s2 = tl.zeros([BM, DR * DR], tl.float32)
+    mv = tl.zeros([BM, D], tl.float32)
+    vk = tl.zeros([BM, DR * DR], tl.float32)
     for start in range(0, hi, BN):
         offs_n = start + tl.arange(0, BN)
         k = tl.load(Kb + offs_n[:, None] * D + offs_d[None, :], mask=offs_n[:, None] < T, other=0.0)
@@ -314,15 +320,23 @@ def _lla_fwd(Q, K, V, LAM, OUT, Y, LSE, ITS, T, sc2, tol2, max_iter,
         alpha = tl.math.exp2(m - m_new)
         w = tl.math.exp2(s - m_new[:, None])
         wb, wl = _hi_lo(w, DT)
-        if DIRECT:                                  # the weights as _s2_dot splits them, in k̄ and Σw too
+        if DIRECT:                                  # the weights as _moment_dot splits them, in k̄ and Σw too
             wb, wm, wl = _split3(w, DT)
             wsum = wsum * alpha + tl.sum(wb.to(tl.float32) + wm.to(tl.float32), 1)
             mk = tl.dot(wm, k, tl.dot(wb, k, mk * alpha[:, None]))
             if PREC >= 2:
                 wsum += tl.sum(wl.to(tl.float32), 1)
                 mk = tl.dot(wl, k, mk)
-            kkh, kkl = _kk(Kb, offs_n, T, DR, D, BN, DT)
-            s2 = _s2_dot(w, kkh, kkl, s2 * alpha[:, None], PREC, DT)
+            kr = _rows(Kb, offs_n, T, DR, D)
+            kkh, kkl = _outer(kr, kr, BN, DR, DT)
+            s2 = _moment_dot(wb, wm, wl, kkh, kkl, s2 * alpha[:, None], PREC)
+            if ONEPASS:                             # Σ w v and Σ w v kᵀ: the output without a second pass
+                v = tl.load(Vb + offs_n[:, None] * D + offs_d[None, :], mask=offs_n[:, None] < T, other=0.0)
+                mv = tl.dot(wm, v, tl.dot(wb, v, mv * alpha[:, None]))
+                if PREC >= 2:
+                    mv = tl.dot(wl, v, mv)
+                vkh, vkl = _outer(_rows(Vb, offs_n, T, DR, D), kr, BN, DR, DT)
+                vk = _moment_dot(wb, wm, wl, vkh, vkl, vk * alpha[:, None], PREC)
         elif PREC >= 1:
             wsum = wsum * alpha + tl.sum(wb.to(tl.float32) + wl.to(tl.float32), 1)
             mk = tl.dot(wl, k, tl.dot(wb, k, mk * alpha[:, None]))
@@ -349,24 +363,33 @@ def _lla_fwd(Q, K, V, LAM, OUT, Y, LSE, ITS, T, sc2, tol2, max_iter,
         y, it = _cg_solve(bv, q, kbar, lse2, lam, dinv, Kb, offs_m, offs_d, hi, T, sc2, tol2, max_iter,
                           D, BN, JACOBI, PREC, False)
 
-    # pass 3: o = Σ a (1 - y . (k - k̄)) v. When λ is small and the query lies outside the key cloud, |y| is up to
-    # |k̄ - q|/λ and e = y.k - y.k̄ cancels, so y and the weights always go through the matmuls as hi + lo
-    # pairs; PREC 3 (λ < 0.1) splits y in three (hi + lo left e errors of ~1e-2 at λ = 0.01 on the first rows).
-    yb, yl, yl2 = _split3(y, DT)
-    yk = tl.sum(y * kbar, 1)
-    acc = tl.zeros([BM, D], tl.float32)
-    for start in range(0, hi, BN):
-        offs_n = start + tl.arange(0, BN)
-        kv_off = offs_n[:, None] * D + offs_d[None, :]
-        k = tl.load(Kb + kv_off, mask=offs_n[:, None] < T, other=0.0)
-        v = tl.load(Vb + kv_off, mask=offs_n[:, None] < T, other=0.0)
-        a = tl.math.exp2(_scores(q, k, offs_m, offs_n, T, sc2) - lse2[:, None])
-        e = tl.dot(yl, tl.trans(k), tl.dot(yb, tl.trans(k)))
-        if PREC >= 3:
-            e = tl.dot(yl2, tl.trans(k), e)
-        wb, wl = _hi_lo(a * (1.0 - (e - yk[:, None])), DT)
-        acc = tl.dot(wb, v, acc)
-        acc = tl.dot(wl, v, acc)
+    if ONEPASS:
+        # o = v̄ - Σ_VK y with Σ_VK = Σ a v kᵀ / Σa - v̄ k̄ᵀ, the moments summed in pass 1 to ~2^-25 (PREC >= 2) or
+        # ~2^-17: the two terms of size |v||k||y| cancel to |v|, and |y| <= |k̄ - q|/λ is small where the weights
+        # are split in two only (λ >= 3)
+        vbar = mv / wsum[:, None]
+        vr, kr, yr = _first(vbar, D, DR, BM), _first(kbar, D, DR, BM), _first(y, D, DR, BM)
+        svk = tl.reshape(vk, (BM, DR, DR)) / wsum[:, None, None] - vr[:, :, None] * kr[:, None, :]
+        acc = _widen(vr - tl.sum(svk * yr[:, None, :], 2), D, DR, BM)
+    else:
+        # pass 3: o = Σ a (1 - y . (k - k̄)) v. When λ is small and the query lies outside the key cloud, |y| is up to
+        # |k̄ - q|/λ and e = y.k - y.k̄ cancels, so y and the weights always go through the matmuls as hi + lo
+        # pairs; PREC 3 (λ < 0.1) splits y in three (hi + lo left e errors of ~1e-2 at λ = 0.01 on the first rows).
+        yb, yl, yl2 = _split3(y, DT)
+        yk = tl.sum(y * kbar, 1)
+        acc = tl.zeros([BM, D], tl.float32)
+        for start in range(0, hi, BN):
+            offs_n = start + tl.arange(0, BN)
+            kv_off = offs_n[:, None] * D + offs_d[None, :]
+            k = tl.load(Kb + kv_off, mask=offs_n[:, None] < T, other=0.0)
+            v = tl.load(Vb + kv_off, mask=offs_n[:, None] < T, other=0.0)
+            a = tl.math.exp2(_scores(q, k, offs_m, offs_n, T, sc2) - lse2[:, None])
+            e = tl.dot(yl, tl.trans(k), tl.dot(yb, tl.trans(k)))
+            if PREC >= 3:
+                e = tl.dot(yl2, tl.trans(k), e)
+            wb, wl = _hi_lo(a * (1.0 - (e - yk[:, None])), DT)
+            acc = tl.dot(wb, v, acc)
+            acc = tl.dot(wl, v, acc)
 
     row_off = bh * T * D + offs_m[:, None] * D + offs_d[None, :]
     tl.store(OUT + row_off, acc.to(DT), mask=rmask[:, None])
@@ -415,7 +438,7 @@ def _lla_bwd_q(Q, K, V, G, LAM, Y, LSE, DQ, NU, ROWS, DLAM, ITS, T, scale, sc2, 
         ab, al = _hi_lo(a, DT)
         agb, agl = _hi_lo(a * gam, DT)
         tg = tl.dot(agb, k, tg)
-        if DIRECT:                                  # a as _s2_dot splits it, in k̄ and Σa too
+        if DIRECT:                                  # a as _moment_dot splits it, in k̄ and Σa too
             ab, am, al = _split3(a, DT)
             kb = tl.dot(am, k, tl.dot(ab, k, kb))
             asum += tl.sum(ab.to(tl.float32) + am.to(tl.float32), 1)
@@ -427,8 +450,9 @@ def _lla_bwd_q(Q, K, V, G, LAM, Y, LSE, DQ, NU, ROWS, DLAM, ITS, T, scale, sc2, 
                 gsum += tl.sum(agb.to(tl.float32) + agl.to(tl.float32), 1)
             else:
                 gsum += tl.sum(agb.to(tl.float32), 1)
-            kkh, kkl = _kk(Kb, offs_n, T, DR, D, BN, DT)
-            s2 = _s2_dot(a, kkh, kkl, s2, PREC, DT)
+            kr = _rows(Kb, offs_n, T, DR, D)
+            kkh, kkl = _outer(kr, kr, BN, DR, DT)
+            s2 = _moment_dot(ab, am, al, kkh, kkl, s2, PREC)
         elif PREC >= 1:
             kb = tl.dot(ab, k, kb)
             kb = tl.dot(al, k, kb)
@@ -589,11 +613,14 @@ def _iter_cap(max_iter, prec, Dp):
     return max(max_iter, SMALL_RIDGE_ITERS_PER_DIM * Dp) if prec >= 2 else max_iter
 
 
-def lla_forward(q, k, v, lam, scale, tol, max_iter, jacobi, cfg=None, store_y=True, prec=None, dr=None):
+def lla_forward(q, k, v, lam, scale, tol, max_iter, jacobi, cfg=None, store_y=True, prec=None, dr=None,
+                onepass=None):
     """q, k, v: (BH, T, Dp) contiguous, Dp a power of two >= 16; lam: (BH, T) fp32.
 
     ``prec`` (default: ``precision_level(lam.min())``) is the precision level; the backward must get the same.
-    ``dr``: solve directly (``_direct_solve``) over the first ``dr`` head dims (4 or 8; the others zero), else CG.
+    ``dr``: solve directly (``_direct_solve``) over the first ``dr`` head dims (4 or 8; the others zero), else CG;
+    with it, ``onepass`` (default ``DEFAULTS["onepass"]``) sums Σ a v and Σ a v kᵀ in the moment pass and forms
+    the output from them, without the output pass.
     Returns o, y (fp32), lse (log2-sum-exp per row), and the CG iterations per query tile (0: direct)."""
     BH, T, Dp = q.shape
     prec = precision_level(float(lam.min())) if prec is None else int(prec)
@@ -605,7 +632,9 @@ def lla_forward(q, k, v, lam, scale, tol, max_iter, jacobi, cfg=None, store_y=Tr
     its = torch.empty(BH, n_m, device=q.device, dtype=torch.int32)
     _lla_fwd[(n_m, BH)](q, k, v, lam, o, y, lse, its, T, scale * LOG2E, tol * tol, _iter_cap(max_iter, prec, Dp),
                         D=Dp, BM=BM, BN=BN, JACOBI=jacobi, STORE_Y=store_y, PREC=prec, DR=dr or 4,
-                        DIRECT=dr is not None, num_warps=nw, num_stages=ns)
+                        DIRECT=dr is not None,
+                        ONEPASS=dr is not None and (DEFAULTS["onepass"] if onepass is None else bool(onepass)),
+                        num_warps=nw, num_stages=ns)
     return o, y, lse, its
 
 
