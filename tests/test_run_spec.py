@@ -35,7 +35,8 @@ def cli_spec(*argv) -> RunSpec:
 def test_spec_is_frozen_complete_and_hashed():
     s = build("mqar", "lla", preset="demo", hparams={"lr": "3e-3", "steps": 5})
     # every constructor knob, the ones left at their default included (read from the signature)
-    assert dict(s.mixer_knobs) == {"ridge": 1.0, "learn_ridge": False, "rope": True, "backend": "auto"}
+    assert dict(s.mixer_knobs) == {"ridge": 1.0, "learn_ridge": False, "rope": True, "backend": "auto",
+                                 "solve": "auto"}
     assert s.train["lr"] == 0.003 and s.train["steps"] == 5 and "wd_anneal_gamma" in s.train
     assert s.backbone["d_model"] == 64 and s.backbone["short_conv"] == 0 and s.task_knobs["V"] == 32
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -91,7 +92,8 @@ def test_set_hp_and_model_knobs_are_one_syntax():
                  "--set", "ridge=2", "--set", "mixer.rope=false", "--set", "backbone.d_model=32",
                  "--hp", "model.num_heads=4", "--set", "train.steps=9", "--recipe", "based")
     assert s.task_knobs["kv"] == 8 and s.train["lr"] == 0.003 and s.train["steps"] == 9
-    assert dict(s.mixer_knobs) == {"ridge": 2.0, "learn_ridge": True, "rope": False, "backend": "auto"}
+    assert dict(s.mixer_knobs) == {"ridge": 2.0, "learn_ridge": True, "rope": False, "backend": "auto",
+                                 "solve": "auto"}
     assert s.backbone["d_model"] == 32 and s.backbone["num_heads"] == 4 and s.backbone["short_conv"] == 3
     # a task knob and a trainer key of one name: --set means the task's, --hp the trainer's
     s = cli_spec("mad-memorization", "--model", "softmax", "--set", "n_train=64", "--hp", "n_train=32")

@@ -42,7 +42,8 @@ def test_rows_carry_the_whole_spec_and_every_knob(store, capsys):
     rows = sorted(read_table(store).to_pylist(), key=lambda r: (r["model"], r["seed"]))
     lla0, lla1, sm = rows
     spec = json.loads(lla0["spec_json"])
-    assert spec["mixer_knobs"] == {"ridge": 1.0, "learn_ridge": False, "rope": True, "backend": "auto"}
+    assert spec["mixer_knobs"] == {"ridge": 1.0, "learn_ridge": False, "rope": True, "backend": "auto",
+                                 "solve": "auto"}
     assert spec["train"]["steps"] == 4 and spec["backbone"]["d_model"] == 16 and spec["seed"] == 0
     from mixzoo.spec import RunSpec
     assert RunSpec.from_json(lla0["spec_json"]).hash == lla0["spec_hash"]

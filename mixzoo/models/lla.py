@@ -4,7 +4,8 @@ The exact estimator (``mixzoo.kernels.lla.lla_reference``) runs everywhere; on a
 Triton kernel of ``mixzoo.kernels.lla`` is used when it is present and ``backend="auto"``.
 ``solve`` picks the kernel's solve of each query's system (``mixzoo.kernels.lla.triton_lla``: "direct",
 explicit in registers, for heads of at most 8 dims; "cg", conjugate gradients over the keys; default
-"auto", the first where it applies, or ``$MIXZOO_LLA_SOLVE``). The ridge λ is a fixed knob, or learned
+"auto", the first where it applies); the backend a run records names the one used (``triton-direct``,
+``triton-cg``). The ridge λ is a fixed knob, or learned
 per head (softplus, initialized at ``ridge``, kept at or above ``MIN_LEARNED_RIDGE``, the smallest λ the
 kernel is tested at).
 
@@ -49,6 +50,11 @@ def _precision_eager():
     return torch.compiler.disable(LocalLinearAttention.precision)
 
 
+# Heads of at most this many dims have the kernel's explicit solve (triton_lla.DIRECT_MAX_DIM, kept here so that
+# building a layer does not import Triton; tests/test_lla_kernel_interpret.py checks the two agree).
+DIRECT_MAX_DIM = 8
+
+
 def _fast_lla(x: torch.Tensor):
     """The Triton kernel's entry point for inputs like ``x``, or None where it is absent or cannot
     run (off CUDA, unless Triton's interpreter is on: ``TRITON_INTERPRET=1``, as the CPU tests
@@ -79,20 +85,22 @@ class LocalLinearAttention(nn.Module):
 
     def __init__(self, d_model: int, *, num_heads: int = 2, layer_idx: int = 0,
                  ridge: float = 1.0, learn_ridge: bool = False, rope: bool = True,
-                 backend: str = "auto", solve: str | None = None):
+                 backend: str = "auto", solve: str = "auto"):
         super().__init__()
         if d_model % num_heads:
             raise ValueError(f"d_model={d_model} not divisible by num_heads={num_heads}")
         if backend not in ("auto", "torch", "triton"):
             raise ValueError(f"backend={backend!r}; allowed: auto, torch, triton")
-        if solve not in (None, "auto", "cg", "direct"):
-            raise ValueError(f"solve={solve!r}; allowed: auto, cg, direct (the kernel's; default: its own choice)")
-        if solve == "direct" and d_model // num_heads > 8:
-            raise ValueError(f"solve='direct' needs heads of at most 8 dims, got {d_model // num_heads}")
+        if solve not in ("auto", "cg", "direct"):
+            raise ValueError(f"solve={solve!r}; allowed: auto, cg, direct")
+        if solve == "direct" and d_model // num_heads > DIRECT_MAX_DIM:
+            raise ValueError(f"solve='direct' needs heads of at most {DIRECT_MAX_DIM} dims, got {d_model // num_heads}")
         if isinstance(ridge, (bool, str)) or not 0 < float(ridge) <= 700:
             # softplus^{-1} below needs ridge > 0 and overflows past ~700 (nan fails the range too)
             raise ValueError(f"ridge={ridge!r}; must be a number in (0, 700]")
-        self.h, self.use_rope, self.requested, self.solve = num_heads, rope, backend, solve
+        self.h, self.use_rope, self.requested = num_heads, rope, backend
+        # the kernel's solve, resolved here so that the row's backend names it ("auto" picks as the kernel does)
+        self.solve = solve if solve != "auto" else ("direct" if d_model // num_heads <= DIRECT_MAX_DIM else "cg")
         self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.out = nn.Linear(d_model, d_model, bias=False)
         init = math.log(math.expm1(ridge))           # softplus^{-1}(ridge)
@@ -137,7 +145,7 @@ class LocalLinearAttention(nn.Module):
             raise RuntimeError("lla: backend='triton' asked for but the kernel is unavailable "
                                "(it needs a CUDA device, or Triton's interpreter: TRITON_INTERPRET=1)")
         if fast is not None:
-            self.backend = "triton"
+            self.backend = f"triton-{self.solve}"
             o = fast(q, k, v, ridge=lam.expand(x.shape[0], -1, x.shape[1]), prec=_precision_eager()(self, lam),
                      solve=self.solve)
         else:

@@ -71,8 +71,6 @@ adds ν (fp32, (BH, T, D)) and four floats per row. Nothing of size T x T or T x
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
@@ -706,7 +704,7 @@ def lla(q, k, v, *, ridge, scale=None, tol=None, max_iter=None, jacobi=None, cfg
     ``tol`` (relative CG residual), ``max_iter`` and ``jacobi`` default to ``DEFAULTS``; ``prec`` (the precision
     level, module docstring) defaults to ``precision_level(λ.min())``. ``solve``: "auto" (``direct_dims``: the
     explicit solve for heads of at most ``DIRECT_MAX_DIM`` dims, CG above), "cg" or "direct"; default
-    ``$MIXZOO_LLA_SOLVE``, else "auto".
+    ``DEFAULTS["solve"]``.
     """
     if q.dim() != 4:
         raise ValueError(f"lla: expected (B, H, T, D) inputs, got shape {tuple(q.shape)}")
@@ -719,7 +717,7 @@ def lla(q, k, v, *, ridge, scale=None, tol=None, max_iter=None, jacobi=None, cfg
     jacobi = DEFAULTS["jacobi"] if jacobi is None else bool(jacobi)
     # y is kept for the backward only when one can follow (autograd.Function.forward itself runs without grad)
     store = torch.is_grad_enabled() and any(torch.is_tensor(t) and t.requires_grad for t in (q, k, v, ridge))
-    solve = solve or os.environ.get("MIXZOO_LLA_SOLVE") or DEFAULTS["solve"]
+    solve = solve or DEFAULTS["solve"]
     if solve not in SOLVES:
         raise ValueError(f"lla: solve={solve!r}; allowed: {', '.join(SOLVES)}")
     if solve == "direct" and D > DIRECT_MAX_DIM:
