@@ -1,24 +1,33 @@
-"""The within-chunk part of Mamba-2's chunked scan (SSD) with B and C shared by the heads, as one
-Triton kernel forward and one backward (``ssd_intra_triton``):
+"""Mamba-2's chunked scan (SSD) with B and C shared by the heads as Triton kernels
+(``ssd_intra_triton``): the within-chunk part (``intra``)
 
     o[h, t] = sum_{s <= t in the chunk} exp(g_h[t] - g_h[s]) ks_h[s] (q_t . k_s) v_h[s]
 
-for q = C, k = B (one per chunk position, every head's), the chunk-local cumulative log-decay g and
-the key scale ks = dt per head. ``mixzoo.models._scan.simple_gla_chunk`` computes it in PyTorch as
-(B, H, N, C, C) float32 tensors (the differences, their mask, exponent and key scaling, the scores'
-product), about five written forward and eight backward per layer: at the mad recipe's 16 heads of 16
-(chunk 64) they are most of Mamba-2's step. The kernels keep each chunk's C x C matrices in registers:
-per (sequence, chunk) a program forms q kᵀ once for all heads, and backward sums its gradient over the
-heads before dq, dk. float32 throughout (full-precision products), as the PyTorch form.
+and the whole scan (``chunk``), which adds exp(g_h[t]) q_t . S_h[n], S_h[n] the K x V state entering
+chunk n (the chunks before it, each decayed to its end, carried along). q = C, k = B (one per chunk
+position, every head's), g the chunk-local cumulative log-decay and ks = dt the key scale per head.
 
-``intra`` runs them for float32 CUDA tensors (or under Triton's interpreter, ``TRITON_INTERPRET=1``)
-at chunks of 16 to 64 positions (a program holds several C x C float32 matrices: 128 would spill
-registers) once they have matched ``intra_torch`` on that device (``usable``);
-``runs_on`` says whether they will. ``MIXZOO_SSD=torch`` turns them off, and so does ``torch.compile``.
-Under vmap the models fold into the batch (``mixzoo.train.vmapfold``). Imports nothing of mixzoo.
+``mixzoo.models._scan.simple_gla_chunk`` computes the same in PyTorch: the within-chunk part as
+(B, H, N, C, C) float32 tensors (the differences, their mask, exponent and key scaling, the scores'
+product), about five written forward and eight backward per layer, and the states between chunks as
+permuted copies, products, an einsum over the chunks and a concatenation, each a full float32 pass
+over the values; at the mad recipe's 16 heads of 16 (chunk 64) they were most of Mamba-2's step. The
+kernels: per (sequence, chunk) a program forms q kᵀ once for all heads and keeps the chunk's C x C
+matrices in registers, adds the read of the entering state, and backward sums the gradients of q and k
+over the heads in registers; per (sequence, head) a program carries the state over the chunks
+(forward) and its gradient back over them (backward), writing K x V float32 per chunk. float32
+throughout (full-precision products), as the PyTorch form.
+
+``intra`` and ``chunk`` run them for float32 CUDA tensors (or under Triton's interpreter,
+``TRITON_INTERPRET=1``) at chunks of 16 to 64 positions (a program holds several C x C float32
+matrices: 128 would spill registers) once they have matched ``intra_torch`` and ``chunk_torch`` on that
+device (``usable``); ``runs_on`` says whether they will. ``MIXZOO_SSD=torch`` turns them off, and so does
+``torch.compile``; ``MIXZOO_SSD=intra`` keeps them within the chunks only (``whole``). Under vmap the
+models fold into the batch (``mixzoo.train.vmapfold``). Imports nothing of mixzoo.
 """
 from __future__ import annotations
 
+import itertools
 import os
 
 import torch
@@ -35,6 +44,23 @@ def intra_torch(q, k, v, gc, ks):
     return ((q @ k.transpose(-1, -2)).unsqueeze(1) * M) @ v
 
 
+def chunk_torch(q, k, v, gc, ks):
+    """The reference of the whole chunked scan (``chunk``), with ``intra_torch``'s arguments: the
+    within-chunk part plus exp(g_t) q_t . S_n, S_n the state entering chunk n, carried chunk by chunk
+    (S_0 = 0, S_{n+1} = exp(g_last[n]) S_n + k[n]ᵀ (u[n] v[n]), u_s = exp(g_last - g_s) ks_s)."""
+    o = intra_torch(q, k, v, gc, ks)
+    B, H, N, C, V = v.shape
+    S = v.new_zeros(B, H, q.shape[-1], V)
+    inter = []
+    for n in range(N):
+        g = gc[:, :, n]                                                   # (B, H, C)
+        inter.append(g.exp().unsqueeze(-1) * (q[:, None, n] @ S))
+        gl = g[..., -1:]
+        u = (gl - g).exp() * ks[:, :, n]
+        S = gl.exp().unsqueeze(-1) * S + k[:, None, n].transpose(-1, -2) @ (u.unsqueeze(-1) * v[:, :, n])
+    return o + torch.stack(inter, 2)
+
+
 def runs_on(q: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether ``intra`` takes the kernels for q (B, N, C, K) and v (B, H, N, C, V) (tensors vmap may batch)."""
     C, K, V = q.shape[-2], q.shape[-1], v.shape[-1]
@@ -43,57 +69,77 @@ def runs_on(q: torch.Tensor, v: torch.Tensor) -> bool:
             and not torch.compiler.is_compiling() and usable((q.device.index or 0) if q.is_cuda else -1))
 
 
-class _Intra(torch.autograd.Function):
+class _Chunk(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, gc, ks):
+    def forward(ctx, q, k, v, gc, ks, inter):
         from . import RAN
         from . import ssd_intra_triton as K
         RAN.add("ssd_intra")
         q, k, v, gc, ks = (t.contiguous() for t in (q, k, v, gc, ks))
-        ctx.save_for_backward(q, k, v, gc, ks)
-        return K.forward(q, k, v, gc, ks)
+        o, es = K.forward(q, k, v, gc, ks, inter=inter)
+        ctx.save_for_backward(q, k, v, gc, ks, es)
+        return o
 
     @staticmethod
     def backward(ctx, do):
         from . import ssd_intra_triton as K
-        return K.backward(*ctx.saved_tensors, do.contiguous())
+        *args, es = ctx.saved_tensors
+        return (*K.backward(*args, do.contiguous(), es), None)
 
 
 def intra(q, k, v, gc, ks):
     """``intra_torch``'s result: by the kernels where ``runs_on``, not under an unfolded vmap."""
     if torch._C._are_functorch_transforms_active() or not runs_on(q, v):
         return intra_torch(q, k, v, gc, ks)
-    return _Intra.apply(q, k, v, gc, ks)
+    return _Chunk.apply(q, k, v, gc, ks, False)
+
+
+def chunk(q, k, v, gc, ks):
+    """``chunk_torch``'s result, the whole chunked scan (within the chunks and across them): by the
+    kernels where ``runs_on`` (the states between chunks are carried by one program per sequence and
+    head, kept as K x V float32 per chunk for the backward), else ``chunk_torch``."""
+    if torch._C._are_functorch_transforms_active() or not runs_on(q, v):
+        return chunk_torch(q, k, v, gc, ks)
+    return _Chunk.apply(q, k, v, gc, ks, True)
+
+
+def whole() -> bool:
+    """Whether ``simple_gla_chunk`` takes ``chunk`` (the whole scan) where the kernels run, not ``intra`` with
+    the states between chunks in PyTorch (``MIXZOO_SSD=intra``, the form before ``chunk``, to time one
+    against the other)."""
+    return os.environ.get("MIXZOO_SSD") != "intra"
 
 
 def usable(device_index: int = 0) -> bool:
-    """Whether the kernels give ``intra_torch``'s output and gradients on this device (-1: the
-    interpreter), checked once (``_check.DeviceCheck``): 3 heads, 2 chunks of 16 and of 64, state
-    widths 16 and 64 and a value width of 16 and one (24) that is not a power of two."""
+    """Whether the kernels give ``intra_torch``'s and ``chunk_torch``'s outputs and gradients on this
+    device (-1: the interpreter), checked once (``_check.DeviceCheck``): 3 heads, 3 chunks of 16 and of
+    64, state widths 16 and 64 and a value width of 16 and one (24) that is not a power of two."""
     return _USABLE(device_index)
 
 
-def errors_here(device_index: int) -> list[tuple[tuple[int, int, int], list[float]]]:
-    """The check's cases, ((C, K, V), norm-relative errors of o, dq, dk, dv, dg, dks against float64)
-    on this device (-1: the interpreter): 3 heads, 2 chunks of 16 and of 64, state widths 16 and 64 and
-    value widths 24 (not a power of two) and 16."""
+def errors_here(device_index: int) -> list[tuple[tuple[int, int, int, bool], list[float]]]:
+    """The check's cases, ((C, K, V, across chunks too), norm-relative errors of o, dq, dk, dv, dg, dks
+    against float64) on this device (-1: the interpreter): 3 heads, 3 chunks of 16 and of 64, state
+    widths 16 and 64 and value widths 24 (not a power of two) and 16; the within-chunk part
+    (``intra``) and the whole scan (``chunk``)."""
     from . import ssd_intra_triton as Kt
     dev = torch.device("cuda", device_index) if device_index >= 0 else torch.device("cpu")
     gen = torch.Generator(device="cpu").manual_seed(0)
     out = []
-    for C, K, V in ((16, 16, 24), (64, 64, 16)):
-        B, H, N = 2, 3, 2
+    for (C, K, V), inter in itertools.product(((16, 16, 24), (64, 64, 16)), (False, True)):
+        B, H, N = 2, 3, 3
         q, k = (torch.randn(B, N, C, K, generator=gen) * K ** -0.5 for _ in range(2))
         v = torch.randn(B, H, N, C, V, generator=gen)
         gc = (-torch.rand(B, H, N, C, generator=gen) * 0.2).cumsum(-1)
         ks = torch.rand(B, H, N, C, generator=gen) + 0.1
         do = torch.randn(B, H, N, C, V, generator=gen)
         ins = [t.double().requires_grad_() for t in (q, k, v, gc, ks)]
-        want = intra_torch(*ins)
+        want = (chunk_torch if inter else intra_torch)(*ins)
         wants = torch.autograd.grad(want, ins, do.double())
         args = [t.to(dev) for t in (q, k, v, gc, ks)]
-        got = [Kt.forward(*args), *Kt.backward(*args, do.to(dev))]
-        out.append(((C, K, V), [float((a.detach().double().cpu() - b).norm() / b.norm().clamp_min(1e-30))
+        o, es = Kt.forward(*args, inter=inter)
+        got = [o, *Kt.backward(*args, do.to(dev), es)]
+        out.append(((C, K, V, inter), [float((a.detach().double().cpu() - b).norm() / b.norm().clamp_min(1e-30))
                                 if a.shape == b.shape else float("inf") for a, b in zip(got, [want.detach(), *wants])]))
     return out
 

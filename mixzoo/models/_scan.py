@@ -70,6 +70,12 @@ def simple_gla_chunk(q, k, v, g, *, scale: float = 1.0, neg: torch.Tensor | None
     qc, kc, vc = _chunked(q, C), _chunked(k, C), _chunked(v, C)
     ks = None if k_scale is None else _chunked(k_scale.to(cdt).unsqueeze(-1), C).squeeze(-1)   # (B, H, N, C)
     gc = _chunked(g.unsqueeze(-1), C).squeeze(-1).cumsum(-1)             # (B, H, N, C)
+    ssd = shared and neg is None and ks is not None and _ssd.runs_on(qc[:, 0], vc)
+    if ssd and _ssd.whole():
+        # Mamba-2's SSD form on a GPU, the whole scan as kernels: the (B, H, N, C, C) matrices below stay in
+        # registers, and the states between chunks are carried by one program per (sequence, head)
+        o = _fla._op("mixzoo.kernels.ssd_intra", "chunk")(qc[:, 0], kc[:, 0], vc, gc, ks)   # folded when stacking
+        return (o.flatten(2, 3)[:, :, :T] * scale).to(dt)
     N = gc.shape[2]
     last = gc[..., -1:]                                                  # (B, H, N, 1)
     to_end = (last - gc).exp()                                           # decay s -> chunk end
@@ -80,9 +86,8 @@ def simple_gla_chunk(q, k, v, g, *, scale: float = 1.0, neg: torch.Tensor | None
         to_end = to_end * _sign_from_parity(p[..., -1:] - p)
         from_start = from_start * _sign_from_parity(p)
         chunk_par = p[..., -1]
-    if shared and neg is None and ks is not None and _ssd.runs_on(qc[:, 0], vc):
-        # Mamba-2's SSD form on a GPU: the (B, H, N, C, C) matrices below stay in the kernels' registers
-        o = _fla._op("mixzoo.kernels.ssd_intra", "intra")(qc[:, 0], kc[:, 0], vc, gc, ks)   # folded when stacking
+    if ssd:                                                              # MIXZOO_SSD=intra: the kernels within chunks only
+        o = _fla._op("mixzoo.kernels.ssd_intra", "intra")(qc[:, 0], kc[:, 0], vc, gc, ks)
     else:
         tri = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
         L = (gc.unsqueeze(-1) - gc.unsqueeze(-2)).masked_fill(~tri, float("-inf")).exp()   # (B, H, N, C, C)
