@@ -18,18 +18,22 @@ def _cases():
     from mixzoo.kernels import swiglu_triton as S
     out = []
     for BC, K, V in ((64, 64, 16), (16, 128, 32)):              # the mad recipe's Mamba-2; the widest state
-        sig = dict(q=P("fp32"), k=P("fp32"), v=P("fp32"), gc=P("fp32"), ks=P("fp32"))
         ints = dict(H="i32", N="i32", K="i32", V="i32")
-        for inter in (False, True):
+        st = lambda p: {p + x: "i64" for x in "bhnc"}          # noqa: E731  (sequence, head, chunk, position) strides
+        for inter, vdt in ((False, "fp32"), (True, "bf16")):    # intra (contiguous float32); the whole scan, bf16 values
+            sig = dict(q=P("fp32"), k=P("fp32"), v=P(vdt), gc=P("fp32"), ks=P("fp32"))
+            consts = dict(C=BC, BK=K, BV=V, INTER=inter, SKIP=inter)
             out += [(f"ssd fwd C={BC} K={K} V={V} inter={inter}", D._fwd_kernel,
-                     {**sig, "es": P("fp32"), "o": P("fp32"), **ints}, dict(C=BC, BK=K, BV=V, INTER=inter)),
+                     {**sig, "es": P("fp32"), "dsk": P("fp32"), "o": P("fp32"), **ints, **st("sv"), **st("so")}, consts),
                     (f"ssd bwd C={BC} K={K} V={V} inter={inter}", D._bwd_kernel,
-                     {**sig, **{n: P("fp32") for n in ("es", "dst", "dgl", "do", "dq", "dk", "dv", "dgc", "dks")},
-                      **ints}, dict(C=BC, BK=K, BV=V, INTER=inter))]
+                     {**sig, **{n: P("fp32") for n in ("es", "dst", "dgl", "dsk", "do", "dq", "dk")}, "dv": P(vdt),
+                      **{n: P("fp32") for n in ("dgc", "dks", "ddsk")}, **ints, **st("sv"), **st("sd"), **st("so")},
+                     consts)]
         out += [(f"ssd states C={BC} K={K} V={V}", D._states_kernel,
-                 {n: P("fp32") for n in ("k", "v", "gc", "ks", "es")} | ints, dict(C=BC, BK=K, BV=V)),
+                 {"k": P("fp32"), "v": P("bf16"), "gc": P("fp32"), "ks": P("fp32"), "es": P("fp32"), **ints, **st("sv")},
+                 dict(C=BC, BK=K, BV=V)),
                 (f"ssd dstates C={BC} K={K} V={V}", D._dstates_kernel,
-                 {n: P("fp32") for n in ("q", "gc", "es", "do", "dst", "dgl")} | ints, dict(C=BC, BK=K, BV=V))]
+                 {n: P("fp32") for n in ("q", "gc", "es", "do", "dst", "dgl")} | ints | st("sd"), dict(C=BC, BK=K, BV=V))]
     for dt in ("bf16", "fp32"):
         out += [
             ("swiglu fwd " + dt, S._fwd_kernel, dict(h=P(dt), o=P(dt), N="i64", F="i32"), dict(BLOCK=S.BLOCK)),

@@ -27,11 +27,19 @@ def _decay(gc, ks, base_h, o_c, C: tl.constexpr):
 
 
 @triton.jit
-def _fwd_kernel(q, k, v, gc, ks, es, o, H, N, K, V, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                INTER: tl.constexpr):
+def _voff(b, h, n, sv, o_c, o_v):
+    """Offsets of the (C, BV) value tile of (sequence b, head h, chunk n) in a tensor of strides sv =
+    (sequence, head, chunk, position); the value dimension is contiguous."""
+    return (b.to(tl.int64) * sv[0] + h * sv[1] + n * sv[2]) + o_c[:, None] * sv[3] + o_v[None, :]
+
+
+@triton.jit
+def _fwd_kernel(q, k, v, gc, ks, es, dsk, o, H, N, K, V, svb, svh, svn, svc, sob, soh, son, soc,
+                C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, INTER: tl.constexpr, SKIP: tl.constexpr):
     b, n = tl.program_id(0), tl.program_id(1)
     o_c, o_k, o_v = tl.arange(0, C), tl.arange(0, BK), tl.arange(0, BV)
     mk, mv = o_k < K, o_v < V
+    sv, so = (svb, svh, svn, svc), (sob, soh, son, soc)
     qk = ((b * N + n).to(tl.int64) * C + o_c)[:, None] * K + o_k[None, :]
     bq = tl.load(q + qk, mask=mk[None, :], other=0.)
     bk = tl.load(k + qk, mask=mk[None, :], other=0.)
@@ -39,23 +47,26 @@ def _fwd_kernel(q, k, v, gc, ks, es, o, H, N, K, V, C: tl.constexpr, BK: tl.cons
     for h in range(H):
         bh = ((b * H + h) * N + n).to(tl.int64)
         _, M = _decay(gc, ks, bh * C, o_c, C)
-        vo = (bh * C + o_c)[:, None] * V + o_v[None, :]
-        bv = tl.load(v + vo, mask=mv[None, :], other=0.)
+        bv = tl.load(v + _voff(b, h, n, sv, o_c, o_v), mask=mv[None, :], other=0.).to(tl.float32)
         out = tl.dot(S * M, bv, input_precision="ieee")
         if INTER:       # + exp(g_t) q_t . (the state entering the chunk)
             eo = (bh * K + o_k)[:, None] * V + o_v[None, :]
             be = tl.load(es + eo, mask=mk[:, None] & mv[None, :], other=0.)
             fs = tl.exp(tl.load(gc + bh * C + o_c))
             out += fs[:, None] * tl.dot(bq, be, input_precision="ieee")
-        tl.store(o + vo, out, mask=mv[None, :])
+        if SKIP:        # + D v (Mamba's skip, one D per sequence and head)
+            out += tl.load(dsk + b * H + h) * bv
+        tl.store(o + _voff(b, h, n, so, o_c, o_v), out, mask=mv[None, :])
 
 
 @triton.jit
-def _bwd_kernel(q, k, v, gc, ks, es, dst, dgl, do, dq, dk, dv, dgc, dks, H, N, K, V,
-                C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, INTER: tl.constexpr):
+def _bwd_kernel(q, k, v, gc, ks, es, dst, dgl, dsk, do, dq, dk, dv, dgc, dks, ddsk, H, N, K, V,
+                svb, svh, svn, svc, sdb, sdh, sdn, sdc, sob, soh, son, soc,
+                C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, INTER: tl.constexpr, SKIP: tl.constexpr):
     b, n = tl.program_id(0), tl.program_id(1)
     o_c, o_k, o_v = tl.arange(0, C), tl.arange(0, BK), tl.arange(0, BV)
     mk, mv = o_k < K, o_v < V
+    sv, sd, so = (svb, svh, svn, svc), (sdb, sdh, sdn, sdc), (sob, soh, son, soc)
     qk = ((b * N + n).to(tl.int64) * C + o_c)[:, None] * K + o_k[None, :]
     bq = tl.load(q + qk, mask=mk[None, :], other=0.)
     bk = tl.load(k + qk, mask=mk[None, :], other=0.)
@@ -67,9 +78,8 @@ def _bwd_kernel(q, k, v, gc, ks, es, dst, dgl, do, dq, dk, dv, dgc, dks, H, N, K
     for h in range(H):
         bh = ((b * H + h) * N + n).to(tl.int64)
         E, M = _decay(gc, ks, bh * C, o_c, C)
-        vo = (bh * C + o_c)[:, None] * V + o_v[None, :]
-        bv = tl.load(v + vo, mask=mv[None, :], other=0.)
-        bdo = tl.load(do + vo, mask=mv[None, :], other=0.)
+        bv = tl.load(v + _voff(b, h, n, sv, o_c, o_v), mask=mv[None, :], other=0.).to(tl.float32)
+        bdo = tl.load(do + _voff(b, h, n, sd, o_c, o_v), mask=mv[None, :], other=0.).to(tl.float32)
         bdv = tl.dot(tl.trans(S * M), bdo, input_precision="ieee")
         dA = tl.dot(bdo, tl.trans(bv), input_precision="ieee")           # (C, C): do_t . v_s
         dS += dA * M
@@ -98,7 +108,10 @@ def _bwd_kernel(q, k, v, gc, ks, es, dst, dgl, do, dq, dk, dv, dgc, dks, H, N, K
             dki += tl.dot(bv * u[:, None], tl.trans(bd), input_precision="ieee")
             bdks += du * w
             bdg += -du * u + tl.where(last, tl.sum(du * u, axis=0) + tl.load(dgl + bh), 0.)
-        tl.store(dv + vo, bdv, mask=mv[None, :])
+        if SKIP:
+            bdv += tl.load(dsk + b * H + h) * bdo
+            tl.store(ddsk + bh, tl.sum(tl.sum(bdo * bv, axis=1), axis=0))     # summed over the chunks outside
+        tl.store(dv + _voff(b, h, n, so, o_c, o_v), bdv.to(dv.dtype.element_ty), mask=mv[None, :])
         tl.store(dgc + bh * C + o_c, bdg)
         tl.store(dks + bh * C + o_c, bdks)
     tl.store(dq + qk, tl.dot(dS, bk, input_precision="ieee") + dqi, mask=mk[None, :])
@@ -106,12 +119,14 @@ def _bwd_kernel(q, k, v, gc, ks, es, dst, dgl, do, dq, dk, dv, dgc, dks, H, N, K
 
 
 @triton.jit
-def _states_kernel(k, v, gc, ks, es, H, N, K, V, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+def _states_kernel(k, v, gc, ks, es, H, N, K, V, svb, svh, svn, svc,
+                   C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     """es[n] (K x V), the state entering chunk n of one (sequence, head): es[0] = 0,
     es[n + 1] = exp(g_last[n]) es[n] + k[n]ᵀ (u[n] v[n]), u_s = exp(g_last - g_s) ks_s."""
     b, h = tl.program_id(0), tl.program_id(1)
     o_c, o_k, o_v = tl.arange(0, C), tl.arange(0, BK), tl.arange(0, BV)
     mk, mv = o_k < K, o_v < V
+    sv = (svb, svh, svn, svc)
     last = o_c == C - 1
     st = tl.zeros([BK, BV], tl.float32)
     for n in range(N):
@@ -123,18 +138,20 @@ def _states_kernel(k, v, gc, ks, es, H, N, K, V, C: tl.constexpr, BK: tl.constex
             s = tl.load(ks + bh * C + o_c)
             gl = tl.sum(tl.where(last, g, 0.), axis=0)
             bk = tl.load(k + ((b * N + n).to(tl.int64) * C + o_c)[:, None] * K + o_k[None, :], mask=mk[None, :], other=0.)
-            bv = tl.load(v + (bh * C + o_c)[:, None] * V + o_v[None, :], mask=mv[None, :], other=0.)
+            bv = tl.load(v + _voff(b, h, n, sv, o_c, o_v), mask=mv[None, :], other=0.).to(tl.float32)
             st = st * tl.exp(gl) + tl.dot(tl.trans(bk), bv * (tl.exp(gl - g) * s)[:, None], input_precision="ieee")
 
 
 @triton.jit
-def _dstates_kernel(q, gc, es, do, dst, dgl, H, N, K, V, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+def _dstates_kernel(q, gc, es, do, dst, dgl, H, N, K, V, sdb, sdh, sdn, sdc,
+                    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     """Backward of ``_states_kernel`` and of the outputs' read of the states, one (sequence, head), the chunks
     in reverse: G (the gradient of es[n + 1]) gives the gradient of chunk n's state, dst[n] = G, and of its
     decay's log, dgl[n] = exp(g_last[n]) <G, es[n]>; then G <- exp(g_last[n]) G + q[n]ᵀ (exp(g) do[n])."""
     b, h = tl.program_id(0), tl.program_id(1)
     o_c, o_k, o_v = tl.arange(0, C), tl.arange(0, BK), tl.arange(0, BV)
     mk, mv = o_k < K, o_v < V
+    sd = (sdb, sdh, sdn, sdc)
     last = o_c == C - 1
     G = tl.zeros([BK, BV], tl.float32)
     for i in range(N):
@@ -148,7 +165,7 @@ def _dstates_kernel(q, gc, es, do, dst, dgl, H, N, K, V, C: tl.constexpr, BK: tl
         be = tl.load(es + eo, mask=em, other=0.)
         tl.store(dgl + bh, a * tl.sum(tl.sum(G * be, axis=1), axis=0))
         bq = tl.load(q + ((b * N + n).to(tl.int64) * C + o_c)[:, None] * K + o_k[None, :], mask=mk[None, :], other=0.)
-        bdo = tl.load(do + (bh * C + o_c)[:, None] * V + o_v[None, :], mask=mv[None, :], other=0.)
+        bdo = tl.load(do + _voff(b, h, n, sd, o_c, o_v), mask=mv[None, :], other=0.).to(tl.float32)
         G = G * a + tl.dot(tl.trans(bq), bdo * tl.exp(g)[:, None], input_precision="ieee")
 
 
@@ -156,36 +173,62 @@ def _blocks(K: int, V: int) -> tuple[int, int]:
     return max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
 
 
-def forward(q, k, v, gc, ks, inter: bool = False):
-    """q, k (B, N, C, K); v (B, H, N, C, V); gc, ks (B, H, N, C); all float32 contiguous -> (o like v,
-    the states entering each chunk (B, H, N, K, V) or None). ``inter``: o is the whole chunked scan (the
-    states carried between chunks too), else the within-chunk part only."""
+def like(v, dtype=None):
+    """An empty tensor of v's shape (and dtype, or ``dtype``) whose memory is ordered as v's is (by
+    decreasing stride), dense: where v is a view of (B, T, H, V) memory, so are the outputs and value
+    gradients written in its layout, and the callers' reshapes of them are views."""
+    order = sorted(range(v.dim()), key=lambda d: -v.stride(d))
+    t = torch.empty([v.shape[d] for d in order], dtype=dtype or v.dtype, device=v.device)
+    return t.permute([order.index(d) for d in range(v.dim())])
+
+
+def _strides(x) -> tuple[int, int, int, int]:
+    """(sequence, head, chunk, position) strides of a (B, H, N, C, V) tensor whose last dimension is contiguous."""
+    return tuple(x.stride()[:4])
+
+
+def forward(q, k, v, gc, ks, inter: bool = False, skip=None):
+    """q, k (B, N, C, K); gc, ks (B, H, N, C), float32 contiguous; v (B, H, N, C, V) float32 or bfloat16,
+    any strides (a view of (B, T, H, V) memory, or of a part of it, is read in place); skip: None or
+    (B, H) float32 -> (o float32, its memory ordered as v's (``like``), the states entering each chunk
+    (B, H, N, K, V) or None). ``inter``: o is the whole chunked scan (the states carried between chunks
+    too), else the within-chunk part only; ``skip``: o also has skip[b, h] v added."""
     B, H, N, C, V = v.shape
     K = q.shape[-1]
-    o = torch.empty_like(v)
+    if v.stride(-1) != 1:
+        v = v.contiguous()
+    o = like(v, torch.float32)
     BK, BV = _blocks(K, V)
     inter = inter and N > 1
     es = None
     if inter:
-        es = v.new_empty(B, H, N, K, V)
-        _states_kernel[(B, H)](k, v, gc, ks, es, H, N, K, V, C=C, BK=BK, BV=BV, num_warps=4)
-    _fwd_kernel[(B, N)](q, k, v, gc, ks, es if inter else o, o, H, N, K, V, C=C, BK=BK, BV=BV, INTER=inter,
-                        num_warps=8)
+        es = q.new_empty(B, H, N, K, V)
+        _states_kernel[(B, H)](k, v, gc, ks, es, H, N, K, V, *_strides(v), C=C, BK=BK, BV=BV, num_warps=4)
+    _fwd_kernel[(B, N)](q, k, v, gc, ks, es if inter else o, o if skip is None else skip, o, H, N, K, V,
+                        *_strides(v), *_strides(o), C=C, BK=BK, BV=BV, INTER=inter, SKIP=skip is not None, num_warps=8)
     return o, es
 
 
-def backward(q, k, v, gc, ks, do, es=None):
-    """Gradients of q, k, v, gc, ks; ``es`` from ``forward`` (None: the within-chunk part only)."""
+def backward(q, k, v, gc, ks, do, es=None, skip=None):
+    """Gradients of q, k, v (in v's dtype and layout), gc, ks and skip (None without); ``es`` from
+    ``forward`` (None: the within-chunk part only), v as ``forward`` read it."""
     B, H, N, C, V = v.shape
     K = q.shape[-1]
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if v.stride(-1) != 1:
+        v = v.contiguous()
+    if do.stride(-1) != 1:
+        do = do.contiguous()
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), like(v)
     dgc, dks = torch.empty_like(gc), torch.empty_like(ks)
     BK, BV = _blocks(K, V)
     inter = es is not None
     dst = dgl = dq
     if inter:
         dst, dgl = torch.empty_like(es), gc.new_empty(B, H, N)
-        _dstates_kernel[(B, H)](q, gc, es, do, dst, dgl, H, N, K, V, C=C, BK=BK, BV=BV, num_warps=4)
-    _bwd_kernel[(B, N)](q, k, v, gc, ks, es if inter else dq, dst, dgl, do, dq, dk, dv, dgc, dks, H, N, K, V,
-                        C=C, BK=BK, BV=BV, INTER=inter, num_warps=8)
-    return dq, dk, dv, dgc, dks
+        _dstates_kernel[(B, H)](q, gc, es, do, dst, dgl, H, N, K, V, *_strides(do), C=C, BK=BK, BV=BV,
+                                num_warps=4)
+    dsk = None if skip is None else gc.new_empty(B, H, N)
+    _bwd_kernel[(B, N)](q, k, v, gc, ks, es if inter else dq, dst, dgl, dq if skip is None else skip, do,
+                        dq, dk, dv, dgc, dks, dq if skip is None else dsk, H, N, K, V, *_strides(v), *_strides(do), *_strides(dv),
+                        C=C, BK=BK, BV=BV, INTER=inter, SKIP=skip is not None, num_warps=8)
+    return dq, dk, dv, dgc, dks, None if skip is None else dsk.sum(-1)
