@@ -68,7 +68,8 @@ def runs_on(q: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether ``intra`` takes the kernels for q (B, N, C, K) and v (B, H, N, C, V) (tensors vmap may batch)."""
     C, K, V = q.shape[-2], q.shape[-1], v.shape[-1]
     return (os.environ.get("MIXZOO_SSD") != "torch" and enabled() and (q.is_cuda or interpreting())
-            and q.dtype == torch.float32 and v.dtype in (torch.float32, torch.bfloat16) and C in (16, 32, 64) and K <= 128 and V <= 128
+            and q.dtype == torch.float32 and v.dtype in (torch.float32, torch.bfloat16)
+            and C in (16, 32, 64) and K <= 128 and V <= 128
             and not torch.compiler.is_compiling() and usable((q.device.index or 0) if q.is_cuda else -1))
 
 
