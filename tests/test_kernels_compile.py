@@ -20,20 +20,25 @@ def _cases():
     for BC, K, V in ((64, 64, 16), (16, 128, 32)):              # the mad recipe's Mamba-2; the widest state
         ints = dict(H="i32", N="i32", K="i32", V="i32")
         st = lambda p: {p + x: "i64" for x in "bhnc"}          # noqa: E731  (sequence, head, chunk, position) strides
-        for inter, vdt in ((False, "fp32"), (True, "bf16")):    # intra (contiguous float32); the whole scan, bf16 values
-            sig = dict(q=P("fp32"), k=P("fp32"), v=P(vdt), gc=P("fp32"), ks=P("fp32"))
-            consts = dict(C=BC, BK=K, BV=V, INTER=inter, SKIP=inter)
-            out += [(f"ssd fwd C={BC} K={K} V={V} inter={inter}", D._fwd_kernel,
-                     {**sig, "es": P("fp32"), "dsk": P("fp32"), "o": P("fp32"), **ints, **st("sv"), **st("so")}, consts),
-                    (f"ssd bwd C={BC} K={K} V={V} inter={inter}", D._bwd_kernel,
-                     {**sig, **{n: P("fp32") for n in ("es", "dst", "dgl", "dsk", "do", "dq", "dk")}, "dv": P(vdt),
-                      **{n: P("fp32") for n in ("dgc", "dks", "ddsk")}, **ints, **st("sv"), **st("sd"), **st("so")},
-                     consts)]
+        f32 = lambda *ns: {n: P("fp32") for n in ns}           # noqa: E731
+        for acc, vdt in ((False, "fp32"), (True, "bf16")):      # intra (contiguous float32); the whole scan, bf16 values
+            consts = dict(C=BC, BK=K, BV=V, ACC=acc, SKIP=acc)
+            out += [(f"ssd fwd C={BC} K={K} V={V} acc={acc}", D._fwd_kernel,
+                     {**f32("q", "k"), "v": P(vdt), **f32("gc", "ks", "dsk", "o"), **ints, **st("sv"), **st("so")},
+                     consts),
+                    (f"ssd bwd C={BC} K={K} V={V} acc={acc}", D._bwd_kernel,
+                     {**f32("q", "k"), "v": P(vdt), **f32("gc", "ks", "dsk", "do", "dq", "dk"), "dv": P(vdt),
+                      **f32("dvp", "dgc", "dks", "ddsk"), **ints, **st("sv"), **st("sd"), **st("so")}, consts)]
+        bf = {"v": P("bf16")}
         out += [(f"ssd states C={BC} K={K} V={V}", D._states_kernel,
-                 {"k": P("fp32"), "v": P("bf16"), "gc": P("fp32"), "ks": P("fp32"), "es": P("fp32"), **ints, **st("sv")},
+                 {**f32("q", "k"), **bf, **f32("gc", "ks", "es", "o"), **ints, **st("sv"), **st("so")},
                  dict(C=BC, BK=K, BV=V)),
                 (f"ssd dstates C={BC} K={K} V={V}", D._dstates_kernel,
-                 {n: P("fp32") for n in ("q", "gc", "es", "do", "dst", "dgl")} | ints | st("sd"), dict(C=BC, BK=K, BV=V))]
+                 {**f32("q", "k"), **bf, **f32("gc", "ks", "es", "do", "dst", "dvp", "dgc", "dks"), **ints, **st("sv"),
+                  **st("sd")}, dict(C=BC, BK=K, BV=V)),
+                (f"ssd dqk C={BC} K={K} V={V}", D._dqk_kernel,
+                 {**f32("gc", "ks"), **bf, **f32("es", "dst", "do", "dq", "dk"), **ints, **st("sv"), **st("sd")},
+                 dict(C=BC, BK=K, BV=V))]
     for dt in ("bf16", "fp32"):
         out += [
             ("swiglu fwd " + dt, S._fwd_kernel, dict(h=P(dt), o=P(dt), N="i64", F="i32"), dict(BLOCK=S.BLOCK)),

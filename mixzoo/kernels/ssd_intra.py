@@ -13,10 +13,10 @@ product), about five written forward and eight backward per layer, and the state
 permuted copies, products, an einsum over the chunks and a concatenation, each a full float32 pass
 over the values; at the mad recipe's 16 heads of 16 (chunk 64) they were most of Mamba-2's step. The
 kernels: per (sequence, chunk) a program forms q kᵀ once for all heads and keeps the chunk's C x C
-matrices in registers, adds the read of the entering state, and backward sums the gradients of q and k
-over the heads in registers; per (sequence, head) a program carries the state over the chunks
-(forward) and its gradient back over them (backward), writing K x V float32 per chunk. float32
-throughout (full-precision products), as the PyTorch form.
+matrices in registers, and backward sums the gradients of q and k over the heads in registers; per
+(sequence, head) a program carries the state over the chunks (forward) and its gradient back over them
+(backward), writing K x V float32 per chunk. float32 throughout, products as three TF32 tensor-core
+products (float32-level accuracy; ``ssd_intra_triton``).
 
 ``intra`` and ``chunk`` run them for float32 CUDA tensors (or under Triton's interpreter,
 ``TRITON_INTERPRET=1``) at chunks of 16 to 64 positions (a program holds several C x C float32
