@@ -18,21 +18,27 @@ out = {"usable": N.usable(-1)}
 g = torch.Generator().manual_seed(0)
 rel = lambda a, b: float((a.double() - b).norm() / b.norm())
 for dt in ("float32", "bfloat16"):
-    for shape in ((5, 128), (2, 3, 173), (300, 8), (4, 256)):
+    for shape, gated in (((5, 128), False), ((2, 3, 173), False), ((300, 8), False), ((4, 256), False),
+                         ((5, 128), True), ((2, 3, 173), True), ((7, 256), True)):
         x = (torch.randn(*shape, generator=g) * 3).to(getattr(torch, dt))
+        z = (torch.randn(*shape, generator=g) * 2).to(getattr(torch, dt)) if gated else None
         w = 1 + 0.3 * torch.randn(shape[-1], generator=g)
         dy = torch.randn(*shape, generator=g)
         xr, wr = x.double().requires_grad_(), w.double().requires_grad_()
-        want = torch.nn.functional.rms_norm(xr, (shape[-1],), wr, 1e-6)     # float64 throughout
+        zr = z.double().requires_grad_() if gated else None
+        a = xr * torch.nn.functional.silu(zr) if gated else xr
+        want = torch.nn.functional.rms_norm(a, (shape[-1],), wr, 1e-6)     # float64 throughout
         want.backward(dy.double())
         res = {}
         for name, fn in (("kernel", N.rms_norm), ("torch", N.rms_norm_torch)):
             xx, ww = x.clone().requires_grad_(), w.clone().requires_grad_()
-            y = fn(xx, ww, 1e-6)
+            zz = z.clone().requires_grad_() if gated else None
+            y = fn(xx, ww, 1e-6, zz)
             y.backward(dy)
             res[name] = dict(dtype=str(y.dtype), gdtype=str(xx.grad.dtype), out=rel(y, want.detach()),
-                             dx=rel(xx.grad, xr.grad), dw=rel(ww.grad, wr.grad))
-        out[f"{dt} {shape}"] = res
+                             dx=rel(xx.grad, xr.grad), dw=rel(ww.grad, wr.grad),
+                             **(dict(dz=rel(zz.grad, zr.grad)) if gated else {}))
+        out[f"{dt} {shape}{' gated' if gated else ''}"] = res
 # stacked: vmap over 3 models' RMSNorm and GatedNorm under folding(): one kernel call, the loop's numbers
 from torch.func import functional_call, stack_module_state, vmap
 from mixzoo.models.common import RMSNorm
@@ -43,7 +49,8 @@ fwd = rmsnorm_triton.forward
 rmsnorm_triton.forward = lambda x, *a: calls.append(list(x.shape)) or fwd(x, *a)
 torch.manual_seed(0)
 for name, make, args in (("rmsnorm", lambda: RMSNorm(12), (torch.randn(3, 2, 5, 12),)),
-                         ("gated", lambda: GatedNorm(8), (torch.randn(3, 2, 4, 5, 8), torch.randn(3, 2, 5, 32)))):
+                         ("gated", lambda: GatedNorm(8), (torch.randn(3, 2, 4, 5, 8), torch.randn(3, 2, 5, 32))),
+                         ("mamba gated", lambda: RMSNorm(12), (torch.randn(3, 2, 5, 12), torch.randn(3, 2, 5, 12)))):
     ms = [make() for _ in range(3)]
     for m in ms:
         torch.nn.init.normal_(m.weight, 1.0, 0.2)
@@ -101,15 +108,18 @@ def test_kernels_against_float64_and_folded_under_vmap():
     r = _run(KERNELS)
     assert r["usable"] is True
     for case, res in r.items():
-        if case in ("usable", "rmsnorm", "gated"):
+        if case in ("usable", "rmsnorm", "gated", "mamba gated"):
             continue
         k, t = res["kernel"], res["torch"]
         assert k["dtype"] == "torch.float32" and k["gdtype"] == f"torch.{case.split()[0]}", (case, res)
-        for q in ("out", "dx", "dw"):         # float32 arithmetic either way; the bf16 cases' dx is rounded once
-            assert k[q] <= max(2 * t[q], 1e-6), (case, q, res)
+        for q in ("out", "dx", "dw", "dz"):   # float32 arithmetic either way; the bf16 cases' dx, dz are rounded once
+            if q in k:
+                assert k[q] <= max(2 * t[q], 1e-6), (case, q, res)
+        assert ("dz" in k) == case.endswith("gated"), (case, res)
     assert r["rmsnorm"]["calls"] == [[3, 10, 12]], r["rmsnorm"]        # 3 models x 2 x 5 rows, one call
     assert r["gated"]["calls"] == [[3, 40, 8]], r["gated"]             # 3 models x 2 x 5 x 4 heads
-    for name in ("rmsnorm", "gated"):
+    assert r["mamba gated"]["calls"] == [[3, 10, 12]], r["mamba gated"]   # the gate folded with the rows
+    for name in ("rmsnorm", "gated", "mamba gated"):
         assert r[name]["out"] < 1e-5 and max(r[name]["grads"]) < 1e-4, r[name]
 
 

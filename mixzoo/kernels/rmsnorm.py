@@ -6,6 +6,9 @@ where they stack (``mixzoo.train.vmapfold``: K models' weights are K rows, which
 take), and a weight applied after the norm is a product forward and two backward, each writing a whole
 float32 activation. These kernels take one weight row per group of rows, so K stacked models' norms are
 one call with their K weights (``rms_norm.__mixzoo_fold__``), and an unstacked norm is the one group.
+With a ``gate`` z the norm is of x silu(z) (Mamba-2's gated norm, ``norm_before_gate=False``): the
+product is formed in the kernels' registers, where PyTorch writes z in float32, silu(z) and the product
+forward and three float32 activations backward.
 
 ``rms_norm`` runs the kernels for a CUDA tensor (or under Triton's interpreter, ``TRITON_INTERPRET=1``,
 as the CPU tests run them) once they have matched ``rms_norm_torch`` on that device (``usable``);
@@ -26,9 +29,11 @@ from ._check import DeviceCheck, interpreting, matches
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """The reference: F.rms_norm of x in float32 with the weight (the result in float32)."""
-    return F.rms_norm(x.float(), (x.shape[-1],), weight.float(), eps)
+def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float, gate: torch.Tensor | None = None) -> torch.Tensor:
+    """The reference: F.rms_norm of x (times silu(gate) with a gate) in float32 with the weight (the
+    result in float32)."""
+    x = x.float() if gate is None else x.float() * F.silu(gate.float())
+    return F.rms_norm(x, (x.shape[-1],), weight.float(), eps)
 
 
 def runs_on(x: torch.Tensor) -> bool:
@@ -39,48 +44,55 @@ def runs_on(x: torch.Tensor) -> bool:
 
 
 class _Grouped(torch.autograd.Function):
-    """x (G, R, D), w (G, D) -> y (G, R, D) float32."""
+    """x (G, R, D), w (G, D), optional gate z like x -> y (G, R, D) float32."""
 
     @staticmethod
-    def forward(ctx, x, w, eps):
+    def forward(ctx, x, w, eps, z):
         from . import RAN, rmsnorm_triton
         RAN.add("rmsnorm")
         x, w = x.contiguous(), w.contiguous()
-        y, rstd = rmsnorm_triton.forward(x, w, eps, torch.float32)
-        ctx.save_for_backward(x, w, rstd)
+        z = None if z is None else z.contiguous()
+        y, rstd = rmsnorm_triton.forward(x, w, eps, torch.float32, z)
+        ctx.save_for_backward(x, w, rstd, z)
         return y
 
     @staticmethod
     def backward(ctx, dy):
         from . import rmsnorm_triton
-        x, w, rstd = ctx.saved_tensors
-        dx, dw = rmsnorm_triton.backward(x, w, rstd, dy.contiguous())
-        return dx, dw.to(w.dtype), None
+        x, w, rstd, z = ctx.saved_tensors
+        dx, dw, dz = rmsnorm_triton.backward(x, w, rstd, dy.contiguous(), z)
+        return dx, dw.to(w.dtype), None, dz
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x (..., D), weight (D,) -> float32 (..., D): the kernels where ``runs_on(x)``, else
-    ``rms_norm_torch`` (so also under vmap when the call is not folded)."""
-    if torch._C._are_functorch_transforms_active() or not runs_on(x):
-        return rms_norm_torch(x, weight, eps)
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gate: torch.Tensor | None = None) -> torch.Tensor:
+    """x (..., D), weight (D,), optional gate like x -> float32 (..., D): the kernels where ``runs_on(x)``,
+    else ``rms_norm_torch`` (so also under vmap when the call is not folded)."""
+    if torch._C._are_functorch_transforms_active() or not runs_on(x) or (gate is not None and not runs_on(gate)):
+        return rms_norm_torch(x, weight, eps, gate)
     D = x.shape[-1]
-    return _Grouped.apply(x.reshape(1, -1, D), weight.reshape(1, D), eps).view(x.shape)
+    z = None if gate is None else gate.reshape(1, -1, D)
+    return _Grouped.apply(x.reshape(1, -1, D), weight.reshape(1, D), eps, z).view(x.shape)
 
 
-def _fold(K: int, in_dims: tuple, x: torch.Tensor, weight: torch.Tensor, eps: float):
+def _fold(K: int, in_dims: tuple, x: torch.Tensor, weight: torch.Tensor, eps: float, gate: torch.Tensor | None = None):
     """vmap over K models (``mixzoo.train.vmapfold``): their rows as K groups, their weights as K rows."""
     dx, dw = in_dims[0], in_dims[1]
+    dg = in_dims[3] if len(in_dims) > 3 else None
     x = x.movedim(dx, 0) if dx is not None else x.unsqueeze(0).expand(K, *x.shape)
     w = weight.movedim(dw, 0) if dw is not None else weight.unsqueeze(0).expand(K, *weight.shape)
-    if not runs_on(x):
-        return _torch_grouped(x, w, eps), 0
+    if gate is not None:
+        gate = gate.movedim(dg, 0) if dg is not None else gate.unsqueeze(0).expand(K, *gate.shape)
+    if not runs_on(x) or (gate is not None and not runs_on(gate)):
+        return _torch_grouped(x, w, eps, gate), 0
     D = x.shape[-1]
-    return _Grouped.apply(x.reshape(K, -1, D), w.reshape(K, D), eps).view(x.shape), 0
+    z = None if gate is None else gate.reshape(K, -1, D)
+    return _Grouped.apply(x.reshape(K, -1, D), w.reshape(K, D), eps, z).view(x.shape), 0
 
 
-def _torch_grouped(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """rms_norm_torch of K groups: x (K, ..., D), w (K, D)."""
-    y = F.rms_norm(x.float(), (x.shape[-1],), None, eps)
+def _torch_grouped(x: torch.Tensor, w: torch.Tensor, eps: float, gate: torch.Tensor | None = None) -> torch.Tensor:
+    """rms_norm_torch of K groups: x (K, ..., D), w (K, D), gate like x."""
+    x = x.float() if gate is None else x.float() * F.silu(gate.float())
+    y = F.rms_norm(x, (x.shape[-1],), None, eps)
     return y * w.float().reshape(w.shape[0], *[1] * (x.dim() - 2), w.shape[-1])
 
 
@@ -89,7 +101,7 @@ rms_norm.__mixzoo_fold__ = _fold
 def usable(device_index: int = 0) -> bool:
     """Whether the kernels give ``rms_norm_torch``'s output and gradients on this device (-1: the
     interpreter), checked once (``_check.DeviceCheck``): float32 and bf16 inputs, two groups, partial
-    row blocks, widths 8, 128 and 173."""
+    row blocks, widths 8, 128 and 173, without and with a gate."""
     return _USABLE(device_index)
 
 
@@ -99,17 +111,21 @@ def _matches_here(device_index: int) -> bool:
     gen = torch.Generator(device="cpu").manual_seed(0)
     for dt in (torch.float32, torch.bfloat16):
         for D in (8, 128, 173):
-            x = (torch.randn(2, 37, D, generator=gen) * 3).to(dt).to(dev)
-            w = (1 + 0.3 * torch.randn(2, D, generator=gen)).to(dev)
-            dy = torch.randn(2, 37, D, generator=gen).to(dev)
-            xr, wr = x.double().requires_grad_(), w.double().requires_grad_()
-            want = torch.stack([rms_norm_torch(xr[g], wr[g], 1e-6) for g in range(2)])
-            want_dx, want_dw = torch.autograd.grad(want, (xr, wr), dy.double())
-            y, rstd = rmsnorm_triton.forward(x.contiguous(), w, 1e-6, torch.float32)
-            dx, dw = rmsnorm_triton.backward(x.contiguous(), w, rstd, dy)
-            tol = 1e-5 if dt == torch.float32 else 1e-2
-            if not all(matches(a, b, tol) for a, b in ((y, want.detach()), (dx, want_dx), (dw, want_dw))):
-                return False
+            for gated in (False, True):
+                x = (torch.randn(2, 37, D, generator=gen) * 3).to(dt).to(dev)
+                z = (torch.randn(2, 37, D, generator=gen) * 2).to(dt).to(dev) if gated else None
+                w = (1 + 0.3 * torch.randn(2, D, generator=gen)).to(dev)
+                dy = torch.randn(2, 37, D, generator=gen).to(dev)
+                ins = [t.double().requires_grad_() for t in (x, w) + ((z,) if gated else ())]
+                want = torch.stack([rms_norm_torch(ins[0][g], ins[1][g], 1e-6, ins[2][g] if gated else None)
+                                    for g in range(2)])
+                wants = torch.autograd.grad(want, ins, dy.double())
+                y, rstd = rmsnorm_triton.forward(x.contiguous(), w, 1e-6, torch.float32, z)
+                dx, dw, dz = rmsnorm_triton.backward(x.contiguous(), w, rstd, dy, z)
+                tol = 1e-5 if dt == torch.float32 else 1e-2
+                got = [y, dx, dw] + ([dz] if gated else [])
+                if not all(matches(a, b, tol) for a, b in zip(got, [want.detach(), *wants])):
+                    return False
     return True
 
 

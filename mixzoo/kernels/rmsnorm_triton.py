@@ -2,7 +2,9 @@
 
 Layout: x (G, R, D) contiguous, one weight row per group w (G, D); a program takes BR rows of one
 group, the whole row of D (padded to a power of two) in registers. Backward: dx per row, and per
-program the partial sums of dy x̂ over its rows, summed per group by the caller."""
+program the partial sums of dy x̂ over its rows, summed per group by the caller. With ``GATE`` the
+norm is of x silu(z) (Mamba-2's gated norm), z like x: the product is formed in registers, forward and
+backward, never written."""
 from __future__ import annotations
 
 import torch
@@ -11,7 +13,7 @@ import triton.language as tl
 
 
 @triton.jit
-def _fwd_kernel(x, w, y, rstd, R, D, NB, eps, BR: tl.constexpr, BD: tl.constexpr):
+def _fwd_kernel(x, z, w, y, rstd, R, D, NB, eps, BR: tl.constexpr, BD: tl.constexpr, GATE: tl.constexpr):
     g, rb = tl.program_id(0), tl.program_id(1)
     rows = rb * BR + tl.arange(0, BR)
     cols = tl.arange(0, BD)
@@ -19,6 +21,9 @@ def _fwd_kernel(x, w, y, rstd, R, D, NB, eps, BR: tl.constexpr, BD: tl.constexpr
     m = mr[:, None] & mc[None, :]
     off = (g * R + rows).to(tl.int64)[:, None] * D + cols[None, :]
     xv = tl.load(x + off, mask=m, other=0.).to(tl.float32)
+    if GATE:
+        zv = tl.load(z + off, mask=m, other=0.).to(tl.float32)
+        xv = xv * zv * tl.sigmoid(zv)
     r = 1. / tl.sqrt(tl.sum(xv * xv, axis=1) / D + eps)
     wv = tl.load(w + g * D + cols, mask=mc, other=0.).to(tl.float32)
     tl.store(y + off, (xv * r[:, None] * wv[None, :]).to(y.dtype.element_ty), mask=m)
@@ -26,7 +31,7 @@ def _fwd_kernel(x, w, y, rstd, R, D, NB, eps, BR: tl.constexpr, BD: tl.constexpr
 
 
 @triton.jit
-def _bwd_kernel(x, w, rstd, dy, dx, dwp, R, D, NB, BR: tl.constexpr, BD: tl.constexpr):
+def _bwd_kernel(x, z, w, rstd, dy, dx, dz, dwp, R, D, NB, BR: tl.constexpr, BD: tl.constexpr, GATE: tl.constexpr):
     g, rb = tl.program_id(0), tl.program_id(1)
     rows = rb * BR + tl.arange(0, BR)
     cols = tl.arange(0, BD)
@@ -34,13 +39,22 @@ def _bwd_kernel(x, w, rstd, dy, dx, dwp, R, D, NB, BR: tl.constexpr, BD: tl.cons
     m = mr[:, None] & mc[None, :]
     off = (g * R + rows).to(tl.int64)[:, None] * D + cols[None, :]
     xv = tl.load(x + off, mask=m, other=0.).to(tl.float32)
+    av = xv
+    if GATE:
+        zv = tl.load(z + off, mask=m, other=0.).to(tl.float32)
+        sg = tl.sigmoid(zv)
+        av = xv * zv * sg
     gv = tl.load(dy + off, mask=m, other=0.).to(tl.float32)
     r = tl.load(rstd + g * R + rows, mask=mr, other=0.)
     wv = tl.load(w + g * D + cols, mask=mc, other=0.).to(tl.float32)
-    xh = xv * r[:, None]
+    xh = av * r[:, None]
     gw = gv * wv[None, :]
     c = tl.sum(gw * xh, axis=1) / D
-    tl.store(dx + off, ((gw - xh * c[:, None]) * r[:, None]).to(dx.dtype.element_ty), mask=m)
+    da = (gw - xh * c[:, None]) * r[:, None]
+    if GATE:        # a = x silu(z): da/dx = silu(z), da/dz = x sigmoid(z) (1 + z (1 - sigmoid(z)))
+        tl.store(dz + off, (da * xv * sg * (1. + zv * (1. - sg))).to(dz.dtype.element_ty), mask=m)
+        da = da * zv * sg
+    tl.store(dx + off, da.to(dx.dtype.element_ty), mask=m)
     tl.store(dwp + ((g * NB + rb) * D + cols).to(tl.int64), tl.sum(gv * xh, axis=0), mask=mc)
 
 
@@ -50,23 +64,27 @@ def _blocks(R: int, D: int) -> tuple[int, int, int]:
     return BR, BD, triton.cdiv(R, BR)
 
 
-def forward(x: torch.Tensor, w: torch.Tensor, eps: float, out_dtype: torch.dtype):
-    """x (G, R, D) contiguous, w (G, D) contiguous -> y (G, R, D) in out_dtype, rstd (G, R) float32."""
+def forward(x: torch.Tensor, w: torch.Tensor, eps: float, out_dtype: torch.dtype, z: torch.Tensor | None = None):
+    """x (G, R, D) contiguous, w (G, D) contiguous (z like x: the norm of x silu(z)) -> y (G, R, D) in
+    out_dtype, rstd (G, R) float32."""
     G, R, D = x.shape
     y = torch.empty(G, R, D, dtype=out_dtype, device=x.device)
     rstd = torch.empty(G, R, dtype=torch.float32, device=x.device)
     BR, BD, NB = _blocks(R, D)
     if G and R:
-        _fwd_kernel[(G, NB)](x, w, y, rstd, R, D, NB, float(eps), BR=BR, BD=BD)
+        _fwd_kernel[(G, NB)](x, x if z is None else z, w, y, rstd, R, D, NB, float(eps), BR=BR, BD=BD,
+                             GATE=z is not None)
     return y, rstd
 
 
-def backward(x: torch.Tensor, w: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor):
-    """-> dx (x's shape and dtype), dw (G, D) float32."""
+def backward(x: torch.Tensor, w: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor, z: torch.Tensor | None = None):
+    """-> dx (x's shape and dtype), dw (G, D) float32, dz (z's dtype; None without z)."""
     G, R, D = x.shape
     BR, BD, NB = _blocks(R, D)
     dx = torch.empty_like(x)
+    dz = None if z is None else torch.empty_like(z)
     dwp = torch.empty(G, NB, D, dtype=torch.float32, device=x.device)
     if G and R:
-        _bwd_kernel[(G, NB)](x, w, rstd, dy, dx, dwp, R, D, NB, BR=BR, BD=BD)
-    return dx, dwp.sum(1)
+        _bwd_kernel[(G, NB)](x, x if z is None else z, w, rstd, dy, dx, dx if z is None else dz, dwp, R, D, NB,
+                             BR=BR, BD=BD, GATE=z is not None)
+    return dx, dwp.sum(1), dz

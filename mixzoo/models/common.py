@@ -11,13 +11,15 @@ from ..kernels import rope as _rope
 from . import _fla
 
 
-def fused_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
-    """x normalized over its last dimension times ``weight``, in float32, by mixzoo's Triton kernels
-    (``mixzoo.kernels.rmsnorm``: one weight row per stacked model), or None where they do not run (the
-    caller keeps its own PyTorch form, so its numbers off the GPU are unchanged)."""
-    if not _rmsnorm.runs_on(x):
+def fused_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                   gate: torch.Tensor | None = None) -> torch.Tensor | None:
+    """x (times silu(gate) with a gate) normalized over its last dimension times ``weight``, in float32,
+    by mixzoo's Triton kernels (``mixzoo.kernels.rmsnorm``: one weight row per stacked model), or None
+    where they do not run (the caller keeps its own PyTorch form, so its numbers off the GPU are unchanged)."""
+    if not _rmsnorm.runs_on(x) or (gate is not None and not _rmsnorm.runs_on(gate)):
         return None
-    return _fla._op("mixzoo.kernels.rmsnorm", "rms_norm")(x, weight, eps)     # folded when stacking
+    op = _fla._op("mixzoo.kernels.rmsnorm", "rms_norm")                   # folded when stacking
+    return op(x, weight, eps) if gate is None else op(x, weight, eps, gate)
 
 
 def split_heads(x: torch.Tensor, h: int) -> torch.Tensor:
@@ -81,8 +83,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(d)) if affine else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.weight is not None and (y := fused_rms_norm(x, self.weight, self.eps)) is not None:
+    def forward(self, x: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
+        """The norm of x, or of x silu(gate) (float32) with a gate (Mamba-2's gated norm)."""
+        if self.weight is not None and (y := fused_rms_norm(x, self.weight, self.eps, gate)) is not None:
             return y
+        if gate is not None:
+            x = x.float() * F.silu(gate.float())
         y = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
         return y * self.weight if self.weight is not None else y

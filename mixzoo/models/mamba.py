@@ -144,8 +144,8 @@ class Mamba(nn.Module):
             y = hf(simple_gla_chunk(Cm.float().unsqueeze(1), Bm.float().unsqueeze(1), hf(xh), hf(log_a),
                                     neg=None if negm is None else hf(negm), chunk=self.chunk, k_scale=hf(dt),
                                     d_skip=self.D)).float()
-        y = y.reshape(B, T, self.di) * F.silu(z.float())
-        return self.out_proj(self.norm(y).to(x.dtype))
+        # the gated norm, norm(y silu(z)): on a GPU one kernel each way (mixzoo.kernels.rmsnorm)
+        return self.out_proj(self.norm(y.reshape(B, T, self.di), gate=z).to(x.dtype))
 
     # Mamba-1 -----------------------------------------------------------------------------
     def _forward1(self, x):
