@@ -15,8 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 def ssd_detail(idx: int) -> str:
     from mixzoo.kernels import ssd_intra
-    return "; ".join(f"C={c} K={k} V={v}{' chunk' if whole else ' intra'}: " + " ".join(f"{e:.1e}" for e in errs)
-                     for (c, k, v, whole), errs in ssd_intra.errors_here(idx))
+    return "; ".join(f"C={c} K={k} V={v}: " + " ".join(f"{e:.1e}" for e in errs)
+                     for (c, k, v), errs in ssd_intra.errors_here(idx))
 
 
 def main() -> int:

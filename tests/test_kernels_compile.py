@@ -18,26 +18,12 @@ def _cases():
     from mixzoo.kernels import swiglu_triton as S
     out = []
     for BC, K, V in ((64, 64, 16), (16, 128, 32)):              # the mad recipe's Mamba-2; the widest state
+        sig = dict(q=P("fp32"), k=P("fp32"), v=P("fp32"), gc=P("fp32"), ks=P("fp32"))
         ints = dict(H="i32", N="i32", K="i32", V="i32")
-        st = lambda p: {p + x: "i64" for x in "bhnc"}          # noqa: E731  (sequence, head, chunk, position) strides
-        f32 = lambda *ns: {n: P("fp32") for n in ns}           # noqa: E731
-        for acc, vdt in ((False, "fp32"), (True, "bf16")):      # intra (contiguous float32); the whole scan, bf16 values
-            consts = dict(C=BC, BK=K, BV=V, ACC=acc, SKIP=acc)
-            out += [(f"ssd fwd C={BC} K={K} V={V} acc={acc}", D._fwd_kernel,
-                     {**f32("q", "k"), "v": P(vdt), **f32("gc", "ks", "dsk", "o"), **ints, **st("sv"), **st("so")},
-                     consts),
-                    (f"ssd bwd C={BC} K={K} V={V} acc={acc}", D._bwd_kernel,
-                     {**f32("q", "k"), "v": P(vdt), **f32("gc", "ks", "dsk", "do", "dq", "dk"), "dv": P(vdt),
-                      **f32("dvp", "dgc", "dks", "ddsk"), **ints, **st("sv"), **st("sd"), **st("so")}, consts)]
-        bf = {"v": P("bf16")}
-        out += [(f"ssd states C={BC} K={K} V={V}", D._states_kernel,
-                 {**f32("q", "k"), **bf, **f32("gc", "ks", "es", "o"), **ints, **st("sv"), **st("so")},
+        out += [(f"ssd intra fwd C={BC} K={K} V={V}", D._fwd_kernel, {**sig, "o": P("fp32"), **ints},
                  dict(C=BC, BK=K, BV=V)),
-                (f"ssd dstates C={BC} K={K} V={V}", D._dstates_kernel,
-                 {**f32("q", "k"), **bf, **f32("gc", "ks", "es", "do", "dst", "dvp", "dgc", "dks"), **ints, **st("sv"),
-                  **st("sd")}, dict(C=BC, BK=K, BV=V)),
-                (f"ssd dqk C={BC} K={K} V={V}", D._dqk_kernel,
-                 {**f32("gc", "ks"), **bf, **f32("es", "dst", "do", "dq", "dk"), **ints, **st("sv"), **st("sd")},
+                (f"ssd intra bwd C={BC} K={K} V={V}", D._bwd_kernel,
+                 {**sig, "do": P("fp32"), **{n: P("fp32") for n in ("dq", "dk", "dv", "dgc", "dks")}, **ints},
                  dict(C=BC, BK=K, BV=V))]
     for dt in ("bf16", "fp32"):
         out += [

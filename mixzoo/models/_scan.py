@@ -50,15 +50,11 @@ def _sign_from_parity(p: torch.Tensor) -> torch.Tensor:
 
 @_no_autocast
 def simple_gla_chunk(q, k, v, g, *, scale: float = 1.0, neg: torch.Tensor | None = None,
-                     chunk: int = 64, k_scale: torch.Tensor | None = None,
-                     d_skip: torch.Tensor | None = None) -> torch.Tensor:
+                     chunk: int = 64, k_scale: torch.Tensor | None = None) -> torch.Tensor:
     """q, k: (B, H, T, K) or (B, 1, T, K) shared by the heads; v: (B, H, T, V); g: (B, H, T)
     log-magnitude of the decay (<= 0); neg: optional bool (B, H, T), True where the decay is
-    negative; k_scale: optional (B, H, T), key s of head h scaled by k_scale[b, h, s]; d_skip:
-    optional (H,), d_skip[h] v added to head h's output, unscaled (Mamba's D). Returns (B, H, T, V) in q's
-    dtype, computed in float32 (float64 for float64 inputs). Where Mamba-2's form runs as
-    ``mixzoo.kernels.ssd_intra``'s kernels, v is read in its own dtype and layout (a view of
-    (B, T, H, V) memory in place) and the output is written in v's layout.
+    negative; k_scale: optional (B, H, T), key s of head h scaled by k_scale[b, h, s]. Returns
+    (B, H, T, V) in q's dtype, computed in float32 (float64 for float64 inputs).
 
     Diagonal scalings are applied to the smaller side of each product (the chunk's scores, the
     value rows, the output rows), never to a per-head copy of q or k; with shared q and k the
@@ -70,24 +66,10 @@ def simple_gla_chunk(q, k, v, g, *, scale: float = 1.0, neg: torch.Tensor | None
     dt = q.dtype
     C = max(1, min(chunk, T))
     cdt = torch.float64 if dt == torch.float64 else torch.float32
-    q, k, g = (t.to(cdt) for t in (q, k, g))
+    q, k, v, g = (t.to(cdt) for t in (q, k, v, g))
     qc, kc, vc = _chunked(q, C), _chunked(k, C), _chunked(v, C)
     ks = None if k_scale is None else _chunked(k_scale.to(cdt).unsqueeze(-1), C).squeeze(-1)   # (B, H, N, C)
     gc = _chunked(g.unsqueeze(-1), C).squeeze(-1).cumsum(-1)             # (B, H, N, C)
-
-    def out(o):                                                          # (B, H, N, C, V) -> (B, H, T, V)
-        o = o.flatten(2, 3)[:, :, :T]
-        return (o if scale == 1.0 else o * scale).to(dt)
-
-    ssd = shared and neg is None and ks is not None and _ssd.runs_on(qc[:, 0], vc)
-    if ssd and _ssd.whole():
-        # Mamba-2's SSD form on a GPU, the whole scan as kernels: the (B, H, N, C, C) matrices below stay in
-        # registers, the states between chunks are carried by one program per (sequence, head), v is read in
-        # place and D v added in the same pass
-        skip = None if d_skip is None else (d_skip.to(cdt) / scale).expand(B, H)      # scaled back by out()
-        return out(_fla._op("mixzoo.kernels.ssd_intra", "chunk")(qc[:, 0], kc[:, 0], vc, gc, ks, skip))  # folded when stacking
-    v = v.to(cdt)
-    vc = _chunked(v, C)
     N = gc.shape[2]
     last = gc[..., -1:]                                                  # (B, H, N, 1)
     to_end = (last - gc).exp()                                           # decay s -> chunk end
@@ -98,8 +80,9 @@ def simple_gla_chunk(q, k, v, g, *, scale: float = 1.0, neg: torch.Tensor | None
         to_end = to_end * _sign_from_parity(p[..., -1:] - p)
         from_start = from_start * _sign_from_parity(p)
         chunk_par = p[..., -1]
-    if ssd:                                                              # MIXZOO_SSD=intra: the kernels within chunks only
-        o = _fla._op("mixzoo.kernels.ssd_intra", "intra")(qc[:, 0], kc[:, 0], vc, gc, ks)
+    if shared and neg is None and ks is not None and _ssd.runs_on(qc[:, 0], vc):
+        # Mamba-2's SSD form on a GPU: the (B, H, N, C, C) matrices below stay in the kernels' registers
+        o = _fla._op("mixzoo.kernels.ssd_intra", "intra")(qc[:, 0], kc[:, 0], vc, gc, ks)   # folded when stacking
     else:
         tri = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
         L = (gc.unsqueeze(-1) - gc.unsqueeze(-2)).masked_fill(~tri, float("-inf")).exp()   # (B, H, N, C, C)
@@ -136,9 +119,7 @@ def simple_gla_chunk(q, k, v, g, *, scale: float = 1.0, neg: torch.Tensor | None
         else:
             inter = qc[:, :, 1:] @ enter
         o = torch.cat((o[:, :, :1], o[:, :, 1:] + inter * from_start[:, :, 1:].unsqueeze(-1)), dim=2)
-    if d_skip is not None:
-        o = o + d_skip.to(cdt)[:, None, None, None] * vc / scale
-    return out(o)
+    return (o.flatten(2, 3)[:, :, :T] * scale).to(dt)
 
 
 def simple_gla_recurrent(q, k, v, g, *, scale: float = 1.0, neg=None) -> torch.Tensor:

@@ -135,15 +135,13 @@ class Mamba(nn.Module):
             qp, kp = _fla.pad_heads(q.to(xh.dtype), k.to(xh.dtype))
             vp = _fla.pad_heads(xh, width=FLA_MIN_HEAD_DIM)
             y = fn(qp, kp, vp, g=log_a.contiguous(), scale=1.0)[0][..., :xh.shape[-1]]
-            y = y.float() + self.D[:, None] * xh.float()
         else:
             self.backend = "torch-chunk"
             hf = lambda t: t.transpose(1, 2)
-            # B and C once for every head, dt as the per-head key scale (no (B, T, H, N) copies), D x added
-            # in the scan (on a GPU: x read in place, in the kernels' pass, and y written as (B, T, H, P))
+            # B and C once for every head, dt as the per-head key scale (no (B, T, H, N) copies)
             y = hf(simple_gla_chunk(Cm.float().unsqueeze(1), Bm.float().unsqueeze(1), hf(xh), hf(log_a),
-                                    neg=None if negm is None else hf(negm), chunk=self.chunk, k_scale=hf(dt),
-                                    d_skip=self.D)).float()
+                                    neg=None if negm is None else hf(negm), chunk=self.chunk, k_scale=hf(dt)))
+        y = y.float() + self.D[:, None] * xh.float()
         # the gated norm, norm(y silu(z)): on a GPU one kernel each way (mixzoo.kernels.rmsnorm)
         return self.out_proj(self.norm(y.reshape(B, T, self.di), gate=z).to(x.dtype))
 
