@@ -3,10 +3,7 @@
 One program per (sequence, chunk) runs over the heads: the chunk's score matrix S = q kᵀ (C x C,
 shared by the heads) stays in registers, each head's decay matrix is built from its cumulative
 log-decays, and the backward sums dS over the heads before dq = dS k and dk = dSᵀ q. Products of
-float32 operands as three TF32 tensor-core products (``input_precision="tf32x3"``: the operands split into
-high and low TF32 parts, float32-level accuracy, within a few 1e-7 of float64 in the self-check as the PyTorch
-form's float32 matmuls); the full-float32 FMA form (``"ieee"``) spilled about 1.4 KB of registers per thread
-in both kernels on sm_90 (Triton 3.6, ``ptxas -v``), this one 0 (forward) and 0.3 KB (backward)."""
+float32 operands in full float32 (``input_precision="ieee"``), as the PyTorch form's matmuls."""
 from __future__ import annotations
 
 import torch
@@ -32,13 +29,13 @@ def _fwd_kernel(q, k, v, gc, ks, o, H, N, K, V, C: tl.constexpr, BK: tl.constexp
     qk = ((b * N + n).to(tl.int64) * C + o_c)[:, None] * K + o_k[None, :]
     bq = tl.load(q + qk, mask=mk[None, :], other=0.)
     bk = tl.load(k + qk, mask=mk[None, :], other=0.)
-    S = tl.dot(bq, tl.trans(bk), input_precision="tf32x3")
+    S = tl.dot(bq, tl.trans(bk), input_precision="ieee")
     for h in range(H):
         bh = ((b * H + h) * N + n).to(tl.int64)
         _, M = _decay(gc, ks, bh * C, o_c, C)
         vo = (bh * C + o_c)[:, None] * V + o_v[None, :]
         bv = tl.load(v + vo, mask=mv[None, :], other=0.)
-        tl.store(o + vo, tl.dot(S * M, bv, input_precision="tf32x3"), mask=mv[None, :])
+        tl.store(o + vo, tl.dot(S * M, bv, input_precision="ieee"), mask=mv[None, :])
 
 
 @triton.jit
@@ -50,7 +47,7 @@ def _bwd_kernel(q, k, v, gc, ks, do, dq, dk, dv, dgc, dks, H, N, K, V,
     qk = ((b * N + n).to(tl.int64) * C + o_c)[:, None] * K + o_k[None, :]
     bq = tl.load(q + qk, mask=mk[None, :], other=0.)
     bk = tl.load(k + qk, mask=mk[None, :], other=0.)
-    S = tl.dot(bq, tl.trans(bk), input_precision="tf32x3")
+    S = tl.dot(bq, tl.trans(bk), input_precision="ieee")
     dS = tl.zeros([C, C], tl.float32)
     for h in range(H):
         bh = ((b * H + h) * N + n).to(tl.int64)
@@ -58,15 +55,15 @@ def _bwd_kernel(q, k, v, gc, ks, do, dq, dk, dv, dgc, dks, H, N, K, V,
         vo = (bh * C + o_c)[:, None] * V + o_v[None, :]
         bv = tl.load(v + vo, mask=mv[None, :], other=0.)
         bdo = tl.load(do + vo, mask=mv[None, :], other=0.)
-        tl.store(dv + vo, tl.dot(tl.trans(S * M), bdo, input_precision="tf32x3"), mask=mv[None, :])
-        dA = tl.dot(bdo, tl.trans(bv), input_precision="tf32x3")           # (C, C): do_t . v_s
+        tl.store(dv + vo, tl.dot(tl.trans(S * M), bdo, input_precision="ieee"), mask=mv[None, :])
+        dA = tl.dot(bdo, tl.trans(bv), input_precision="ieee")           # (C, C): do_t . v_s
         dS += dA * M
         dM = dA * S
         P = dM * M
         tl.store(dgc + bh * C + o_c, tl.sum(P, axis=1) - tl.sum(P, axis=0))
         tl.store(dks + bh * C + o_c, tl.sum(dM * E, axis=0))
-    tl.store(dq + qk, tl.dot(dS, bk, input_precision="tf32x3"), mask=mk[None, :])
-    tl.store(dk + qk, tl.dot(tl.trans(dS), bq, input_precision="tf32x3"), mask=mk[None, :])
+    tl.store(dq + qk, tl.dot(dS, bk, input_precision="ieee"), mask=mk[None, :])
+    tl.store(dk + qk, tl.dot(tl.trans(dS), bq, input_precision="ieee"), mask=mk[None, :])
 
 
 def _blocks(K: int, V: int) -> tuple[int, int]:
