@@ -29,10 +29,15 @@ from ._check import DeviceCheck, interpreting, matches
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+def gated(x: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+    """What the norm takes, in float32: x, or x silu(gate) with a gate (the PyTorch form)."""
+    return x.float() if gate is None else x.float() * F.silu(gate.float())
+
+
 def rms_norm_torch(x: torch.Tensor, weight: torch.Tensor, eps: float, gate: torch.Tensor | None = None) -> torch.Tensor:
     """The reference: F.rms_norm of x (times silu(gate) with a gate) in float32 with the weight (the
     result in float32)."""
-    x = x.float() if gate is None else x.float() * F.silu(gate.float())
+    x = gated(x, gate)
     return F.rms_norm(x, (x.shape[-1],), weight.float(), eps)
 
 
@@ -91,7 +96,7 @@ def _fold(K: int, in_dims: tuple, x: torch.Tensor, weight: torch.Tensor, eps: fl
 
 def _torch_grouped(x: torch.Tensor, w: torch.Tensor, eps: float, gate: torch.Tensor | None = None) -> torch.Tensor:
     """rms_norm_torch of K groups: x (K, ..., D), w (K, D), gate like x."""
-    x = x.float() if gate is None else x.float() * F.silu(gate.float())
+    x = gated(x, gate)
     y = F.rms_norm(x, (x.shape[-1],), None, eps)
     return y * w.float().reshape(w.shape[0], *[1] * (x.dim() - 2), w.shape[-1])
 

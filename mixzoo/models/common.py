@@ -88,6 +88,6 @@ class RMSNorm(nn.Module):
         if self.weight is not None and (y := fused_rms_norm(x, self.weight, self.eps, gate)) is not None:
             return y
         if gate is not None:
-            x = x.float() * F.silu(gate.float())
+            x = _rmsnorm.gated(x, gate)
         y = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
         return y * self.weight if self.weight is not None else y
