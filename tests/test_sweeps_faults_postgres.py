@@ -25,9 +25,10 @@ def server():
 
 
 def trials_of(url: str, prefix: str) -> dict[str, list]:
-    """The studies named ``prefix...`` and their trials (a fresh connection each time)."""
-    import optuna
-    storage = optuna.storages.RDBStorage(url)
+    """The studies named ``prefix...`` and their trials (a fresh connection each time, opened as the
+    sweep opens it: the first poll may race the sweep's creation of the tables)."""
+    from mixzoo.sweeps.storage import open_storage
+    storage = open_storage(url)
     try:
         return {s.study_name: storage.get_all_trials(s._study_id) for s in storage.get_all_studies()
                 if s.study_name.startswith(prefix)}

@@ -142,3 +142,41 @@ def test_unreachable_postgres_is_a_usage_error(tmp_path, capsys):
     assert len(err.splitlines()) == 1 and err.startswith("mixzoo: error: cannot reach storage")
     assert PASSWORD not in cap.err + cap.out and "***" in err
     assert not (tmp_path / "res" / "leaderboard").exists()
+
+
+def test_processes_opening_a_new_database_at_once_all_open_it(postgres_url):
+    """Two sweeps (or a sweep and a reader) started on a new database both create Optuna's tables;
+    PostgreSQL lets one commit and fails the others on pg_type's unique index. Each must open the
+    database anyway. Six openers at once on a fresh database, three times (without the retry in
+    open_storage, five of the six failed on every round here)."""
+    import threading
+
+    import psycopg
+
+    from mixzoo.sweeps.storage import open_storage
+    for i in range(3):
+        name = f"race{i}_{os.getpid()}"
+        with psycopg.connect(postgres_url, autocommit=True) as c:
+            c.execute(f"CREATE DATABASE {name}")
+        url = postgres_url.rsplit("/", 1)[0] + f"/{name}"
+        errors: list[str] = []
+        gate = threading.Barrier(6)
+
+        def open_one(url=url, errors=errors, gate=gate):
+            try:
+                gate.wait()
+                s = open_storage(url, log=errors.append)
+                try:
+                    assert s.get_all_studies() == []
+                finally:
+                    s.engine.dispose()
+            except BaseException as e:  # noqa: BLE001 - reported below, with the database's message
+                errors.append(f"{type(e).__name__}: {e}")
+
+        threads = [threading.Thread(target=open_one) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert not any(t.is_alive() for t in threads)
+        assert errors == [], errors

@@ -12,7 +12,9 @@ Faults the storage itself absorbs (see README "Sweeps", reliability):
 * a journal append that fails (a full disk) is undone, so no half record is left for the next
   append to glue onto, and surfaces as :class:`StorageError`;
 * a database call that fails on a lost connection (a server restart) is retried with backoff
-  for ``MIXZOO_STORAGE_RETRY_S`` seconds (default 300), then surfaces as :class:`StorageError`.
+  for ``MIXZOO_STORAGE_RETRY_S`` seconds (default 300), then surfaces as :class:`StorageError`;
+* two processes opening a new database at once both try to create Optuna's tables: the one
+  that loses that race opens it again once the other has committed them.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import contextlib
 import functools
 import json
 import os
+import random
 import re
 import sys
 import threading
@@ -136,7 +139,7 @@ def open_storage(storage: str, *, log: Callable[[str], None] | None = None, retr
     elif storage.lower().startswith("sqlite"):
         kwargs["connect_args"] = {"timeout": 30.0}
     window = retry_window()
-    deadline, delay = time.monotonic() + retry_s, 0.25
+    deadline, delay, races = time.monotonic() + retry_s, 0.25, 0
     while True:
         try:
             s = retrying_rdb_class()(storage, engine_kwargs=kwargs, skip_compatibility_check=False)
@@ -148,6 +151,12 @@ def open_storage(storage: str, *, log: Callable[[str], None] | None = None, retr
             raise UsageError(f"storage {mask(storage)!r} needs the database driver {name!r}, which is not installed; "
                              f"allowed: pip install 'mixzoo[postgres]', or a journal file")
         except Exception as e:  # sqlalchemy OperationalError, ArgumentError, ...
+            if _schema_race(e) and races < SCHEMA_RACE_TRIES:
+                # another process is creating the tables of this (new) database right now; once its
+                # transaction commits, Optuna's create_all finds them and skips them
+                races += 1
+                time.sleep(random.uniform(0.05, 0.25) * races)
+                continue
             if _transient(e) and retry_s > 0:
                 if time.monotonic() + delay < deadline:
                     time.sleep(delay)
@@ -373,6 +382,33 @@ def journal_file_class():
 
 
 # ---------------------------------------------------------------------------- database
+SCHEMA_RACE_TRIES = 20   # attempts to open a database whose tables another process is creating
+
+
+def _schema_race(e: BaseException) -> bool:
+    """True when opening a database failed because another process was creating Optuna's tables
+    in it at the same moment (two sweeps, or a sweep and a reader, started on a new database):
+    PostgreSQL's ``duplicate key value violates unique constraint "pg_type_typname_nsp_index"``
+    or ``relation ... already exists``, MySQL's ``Table ... already exists``, or the same row of
+    Optuna's version table inserted twice. Opening again, after the other side's commit, works."""
+    try:
+        import sqlalchemy.exc as sa
+    except ImportError:
+        return False
+    seen: set[int] = set()
+    x: BaseException | None = e
+    while x is not None and id(x) not in seen:
+        seen.add(id(x))
+        if isinstance(x, sa.DBAPIError):
+            text = str(x.orig if x.orig is not None else x).lower()
+            if isinstance(x, sa.IntegrityError) and ("duplicate" in text or "unique" in text):
+                return True
+            if "already exists" in text:
+                return True
+        x = x.__cause__ or x.__context__
+    return False
+
+
 def _transient(e: BaseException) -> bool:
     """True for a lost or refused database connection (the server restarting, down, or out of
     connections), anywhere in ``e``'s chain: Optuna wraps SQLAlchemy's errors in its own."""
