@@ -82,7 +82,7 @@ for mod, fn in ((rmsnorm_triton, "forward"), (swiglu_triton, "forward"), (rope_t
     setattr(mod, fn, (lambda f, name: lambda *a, **k: seen.add(name.split(".")[-1]) or f(*a, **k))(f, mod.__name__))
 task = MQAR(V=32, L=16, kv=2)
 mcfg = ModelConfig(**{**RECIPES["mad"], "d_model": 16, "num_heads": 2})
-base = dict(steps=4, batch_size=4, eval_every=2, n_train=16, n_val=8, n_test=8, eval_batch_size=8)
+base = dict(steps=3, batch_size=4, eval_every=3, n_train=12, n_val=4, n_test=4, eval_batch_size=4)
 cfgs = [TrainConfig(lr=lr, weight_decay=wd, **base) for lr, wd in ((3e-3, 0.1), (1e-2, 0.0))]
 out = {}
 for mixer in ("softmax", "gdn"):

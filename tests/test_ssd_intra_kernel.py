@@ -97,8 +97,8 @@ from mixzoo.models import RECIPES, ModelConfig
 from mixzoo.tasks.mqar import MQAR
 from mixzoo.train import TrainConfig
 from mixzoo.train.stacked import train_stacked
-task = MQAR(V=32, L=128, kv=4)
-cfg = TrainConfig(steps=2, batch_size=2, eval_every=2, n_train=8, n_val=4, n_test=4, eval_batch_size=4, lr=1e-3)
+task = MQAR(V=32, L=32, kv=2)     # small: the interpreter runs every kernel (the convolutions take most of it)
+cfg = TrainConfig(steps=2, batch_size=2, eval_every=2, n_train=8, n_val=2, n_test=2, eval_batch_size=2, lr=1e-3)
 res = train_stacked(task, "mamba", {}, ModelConfig(**RECIPES["mad"]), [cfg, cfg], [0, 1], device="cpu")
 print("RESULT", json.dumps([[r.step_mode, r.kernels] for r in res]))
 """
