@@ -385,47 +385,44 @@ def journal_file_class():
 SCHEMA_RACE_TRIES = 20   # attempts to open a database whose tables another process is creating
 
 
+def _chain_has(e: BaseException, test: Callable) -> bool:
+    """True when ``test(x, sqlalchemy.exc)`` holds for an exception ``x`` anywhere in ``e``'s chain
+    (Optuna wraps SQLAlchemy's errors in its own); False without SQLAlchemy."""
+    try:
+        import sqlalchemy.exc as sa
+    except ImportError:
+        return False
+    seen: set[int] = set()
+    x: BaseException | None = e
+    while x is not None and id(x) not in seen:
+        seen.add(id(x))
+        if test(x, sa):
+            return True
+        x = x.__cause__ or x.__context__
+    return False
+
+
 def _schema_race(e: BaseException) -> bool:
     """True when opening a database failed because another process was creating Optuna's tables
     in it at the same moment (two sweeps, or a sweep and a reader, started on a new database):
     PostgreSQL's ``duplicate key value violates unique constraint "pg_type_typname_nsp_index"``
     or ``relation ... already exists``, MySQL's ``Table ... already exists``, or the same row of
     Optuna's version table inserted twice. Opening again, after the other side's commit, works."""
-    try:
-        import sqlalchemy.exc as sa
-    except ImportError:
-        return False
-    seen: set[int] = set()
-    x: BaseException | None = e
-    while x is not None and id(x) not in seen:
-        seen.add(id(x))
-        if isinstance(x, sa.DBAPIError):
-            text = str(x.orig if x.orig is not None else x).lower()
-            if isinstance(x, sa.IntegrityError) and ("duplicate" in text or "unique" in text):
-                return True
-            if "already exists" in text:
-                return True
-        x = x.__cause__ or x.__context__
-    return False
+    def race(x, sa) -> bool:
+        if not isinstance(x, sa.DBAPIError):
+            return False
+        text = str(x.orig if x.orig is not None else x).lower()
+        return ("already exists" in text
+                or (isinstance(x, sa.IntegrityError) and ("duplicate" in text or "unique" in text)))
+    return _chain_has(e, race)
 
 
 def _transient(e: BaseException) -> bool:
     """True for a lost or refused database connection (the server restarting, down, or out of
-    connections), anywhere in ``e``'s chain: Optuna wraps SQLAlchemy's errors in its own."""
-    try:
-        import sqlalchemy.exc as sa
-    except ImportError:
-        return False
-    seen: set[int] = set()
-    x: BaseException | None = e
-    while x is not None and id(x) not in seen:
-        seen.add(id(x))
-        if isinstance(x, (sa.OperationalError, sa.InterfaceError, sa.DisconnectionError, sa.TimeoutError)):
-            return True
-        if isinstance(x, sa.DBAPIError) and x.connection_invalidated:
-            return True
-        x = x.__cause__ or x.__context__
-    return False
+    connections), anywhere in ``e``'s chain."""
+    return _chain_has(e, lambda x, sa: isinstance(x, (sa.OperationalError, sa.InterfaceError, sa.DisconnectionError,
+                                                      sa.TimeoutError))
+                      or (isinstance(x, sa.DBAPIError) and x.connection_invalidated))
 
 
 @functools.cache
