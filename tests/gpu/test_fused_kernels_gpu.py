@@ -399,3 +399,50 @@ def test_ssd_intra_kernels_match_fold_and_are_timed(monkeypatch):
     stacked()
     assert calls == [(16 * 128, 16, 2, 64, 16)]
     assert t["16 stacked, kernel"] <= 1.05 * t["16 stacked, torch"]      # eager: the 16-stacked call is device-bound
+
+
+SSD_FORMS_SCRIPT = r"""
+import json, os, sys
+import torch
+sys.path.insert(0, os.path.join(os.getcwd(), "tests", "gpu"))
+from test_fused_kernels_gpu import _timed
+from mixzoo.kernels import ssd_intra as S
+from mixzoo.registry import build_mixer, get_mixer, load_builtins
+load_builtins()
+out = {f: [e for _, e in S.errors_here(0, f)] for f in ("bf16x6", "ieee")}   # the new form first: a fault ends here
+print("CHECKED", json.dumps(out), flush=True)
+torch.manual_seed(0)
+m = build_mixer(get_mixer("mamba"), 128, num_heads=16, layer_idx=0, l_max=1024).cuda()
+for L in (128, 1024):
+    xs = torch.randn(128, L, 128, device="cuda", requires_grad=True)
+    def one():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = m(xs)
+        y.float().square().mean().backward()
+    for f in ("ieee", "bf16x6", "ieee"):
+        os.environ["MIXZOO_SSD_DOT"] = f
+        out[f"L{L} {f}"] = min(out.get(f"L{L} {f}", float("inf")), _timed(one, graph=False, iters=20))
+print("RESULT", json.dumps(out), flush=True)
+"""
+
+
+def test_ssd_product_forms_side_by_side():
+    """The SSD kernels' two product forms (MIXZOO_SSD_DOT) on the device: the self-check's cases against
+    float64 (bf16x6 as close as ieee), then a Mamba-2 layer's forward+backward at the mad recipe, batch
+    128, lengths 128 and 1024, timed with each form in turn in one process (ieee, bf16x6, ieee), printed.
+    In a process of its own with CUDA_LAUNCH_BLOCKING=1: a form that faults on the device (as three-TF32
+    products did) poisons only that process, and the fault is named."""
+    import json
+    import os
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "-c", SSD_FORMS_SCRIPT], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "CUDA_LAUNCH_BLOCKING": "1"})
+    assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-4000:])
+    r = json.loads([x for x in p.stdout.splitlines() if x.startswith("RESULT ")][-1][len("RESULT "):])
+    print("\nssd product forms, errors against float64 (o, dq, dk, dv, dg, dks) per case: ieee "
+          + json.dumps(r["ieee"]) + ", bf16x6 " + json.dumps(r["bf16x6"]) + "; Mamba-2 layer forward+backward ms: "
+          + "; ".join(f"{k} {v:.3f}" for k, v in r.items() if k.startswith("L")))
+    for ieee, split in zip(r["ieee"], r["bf16x6"]):
+        for a, b in zip(ieee, split):
+            assert b <= max(4 * a, 1e-5), (r["ieee"], r["bf16x6"])
