@@ -26,7 +26,7 @@ import os
 
 import torch
 
-from . import SSD_FORMS, enabled
+from . import SSD_FORMS, enabled, switch_error
 from ._check import DeviceCheck, interpreting
 
 
@@ -50,7 +50,7 @@ def form() -> str:
     """The kernels' product form: ``MIXZOO_SSD_DOT`` (validated at the command line), default ``ieee``."""
     f = os.environ.get("MIXZOO_SSD_DOT") or SSD_FORMS[0]
     if f not in SSD_FORMS:
-        raise ValueError(f"MIXZOO_SSD_DOT={f!r}; allowed: {', '.join(SSD_FORMS)} (or unset)")
+        raise ValueError(switch_error())
     return f
 
 
