@@ -105,7 +105,7 @@ def _blocks(K: int, V: int) -> tuple[int, int]:
     return max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
 
 
-def forward(q, k, v, gc, ks, form: str = "ieee"):
+def forward(q, k, v, gc, ks, form: str = FORMS[0]):
     """q, k (B, N, C, K); v (B, H, N, C, V); gc, ks (B, H, N, C); all float32 contiguous -> o like v."""
     B, H, N, C, V = v.shape
     K = q.shape[-1]
@@ -116,7 +116,7 @@ def forward(q, k, v, gc, ks, form: str = "ieee"):
     return o
 
 
-def backward(q, k, v, gc, ks, do, form: str = "ieee"):
+def backward(q, k, v, gc, ks, do, form: str = FORMS[0]):
     B, H, N, C, V = v.shape
     K = q.shape[-1]
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
