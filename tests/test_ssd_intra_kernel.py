@@ -83,46 +83,6 @@ def test_ssd_intra_kernels_in_the_interpreter():
     assert m["out"] < 1e-5 and m["dA_log"] < 1e-4, m
 
 
-FORMS = r"""
-from mixzoo.kernels import RAN, ssd_intra as S
-out = {"form": S.form(), "usable": S.usable(-1)}
-for f in ("ieee", "bf16x6"):
-    out[f] = [errs for _, errs in S.errors_here(-1, f)]
-gen = torch.Generator().manual_seed(2)
-q, k = (torch.randn(1, 2, 32, 16, generator=gen) for _ in range(2))
-v = torch.randn(1, 2, 2, 32, 16, generator=gen)
-gc = (-torch.rand(1, 2, 2, 32, generator=gen) * 0.3).cumsum(-1)
-ks = torch.rand(1, 2, 2, 32, generator=gen) + 0.05
-RAN.clear()
-x = [t.clone().requires_grad_() for t in (q, k, v, gc, ks)]
-S.intra(*x).sum().backward()
-out["ran"] = sorted(RAN)
-print("RESULT", json.dumps(out))
-"""
-
-
-def test_bf16x6_products_are_as_close_to_float64_as_ieee():
-    """MIXZOO_SSD_DOT=bf16x6: each float32 operand split into three bfloat16 parts and six tensor-core
-    products accumulated in float32 (no FMA products, which spill registers): the self-check's cases
-    (chunks of 16 and 64) as close to float64 as the ieee form, for the output and every gradient; the
-    device check runs in that form and a run records it."""
-    r = run_interpreted(FORMS, {"MIXZOO_SSD_DOT": "bf16x6"}, drop=("MIXZOO_SSD",))
-    assert r["form"] == "bf16x6" and r["usable"] is True, r
-    for ieee, split in zip(r["ieee"], r["bf16x6"]):
-        for a, b in zip(ieee, split):
-            assert b < 1e-6 and b <= 2 * a, (r["ieee"], r["bf16x6"])
-    assert r["ran"] == ["ssd_intra-bf16x6"], r
-
-
-def test_a_wrong_product_form_is_refused_at_the_command_line(tmp_path, capsys, monkeypatch):
-    from mixzoo.cli import main
-    monkeypatch.setenv("MIXZOO_SSD_DOT", "tf32")
-    assert main(["--results", str(tmp_path / "res"), "run", "mqar", "--preset", "demo", "--model", "mamba"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "MIXZOO_SSD_DOT='tf32'; allowed: ieee, bf16x6" in err, err
-    assert not (tmp_path / "res").exists()
-
-
 def test_off_the_gpu_the_pytorch_form_runs():
     from mixzoo.kernels import ssd_intra
     if os.environ.get("TRITON_INTERPRET") == "1":

@@ -15,9 +15,6 @@ heads before dq, dk. float32 throughout (full-precision products), as the PyTorc
 at chunks of 16 to 64 positions (a program holds several C x C float32 matrices: 128 would spill
 registers) once they have matched ``intra_torch`` on that device (``usable``);
 ``runs_on`` says whether they will. ``MIXZOO_SSD=torch`` turns them off, and so does ``torch.compile``.
-``MIXZOO_SSD_DOT`` picks the form of their float32 products (``SSD_FORMS``): ``ieee`` (FMA, the default)
-or ``bf16x6`` (six bfloat16 tensor-core products of three-part splits, float32's accuracy; checked and
-recorded as ``ssd_intra-bf16x6``), to be timed one against the other.
 Under vmap the models fold into the batch (``mixzoo.train.vmapfold``). Imports nothing of mixzoo.
 """
 from __future__ import annotations
@@ -26,7 +23,7 @@ import os
 
 import torch
 
-from . import SSD_FORMS, enabled, switch_error
+from . import enabled
 from ._check import DeviceCheck, interpreting
 
 
@@ -46,35 +43,20 @@ def runs_on(q: torch.Tensor, v: torch.Tensor) -> bool:
             and not torch.compiler.is_compiling() and usable((q.device.index or 0) if q.is_cuda else -1))
 
 
-def form() -> str:
-    """The kernels' product form: ``MIXZOO_SSD_DOT`` (validated at the command line), default ``ieee``."""
-    f = os.environ.get("MIXZOO_SSD_DOT") or SSD_FORMS[0]
-    if f not in SSD_FORMS:
-        raise ValueError(switch_error())
-    return f
-
-
-def ran_name(f: str) -> str:
-    """The name a run records for the kernels in form ``f`` (its numbers differ at float32's rounding)."""
-    return "ssd_intra" if f == SSD_FORMS[0] else f"ssd_intra-{f}"
-
-
 class _Intra(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, gc, ks):
         from . import RAN
         from . import ssd_intra_triton as K
-        f = form()
-        RAN.add(ran_name(f))
+        RAN.add("ssd_intra")
         q, k, v, gc, ks = (t.contiguous() for t in (q, k, v, gc, ks))
         ctx.save_for_backward(q, k, v, gc, ks)
-        ctx.form = f
-        return K.forward(q, k, v, gc, ks, f)
+        return K.forward(q, k, v, gc, ks)
 
     @staticmethod
     def backward(ctx, do):
         from . import ssd_intra_triton as K
-        return K.backward(*ctx.saved_tensors, do.contiguous(), ctx.form)
+        return K.backward(*ctx.saved_tensors, do.contiguous())
 
 
 def intra(q, k, v, gc, ks):
@@ -87,15 +69,14 @@ def intra(q, k, v, gc, ks):
 def usable(device_index: int = 0) -> bool:
     """Whether the kernels give ``intra_torch``'s output and gradients on this device (-1: the
     interpreter), checked once (``_check.DeviceCheck``): 3 heads, 2 chunks of 16 and of 64, state
-    widths 16 and 64 and a value width of 16 and one (24) that is not a power of two; in the product
-    form ``form()`` picks."""
-    return _USABLE((device_index, form()))
+    widths 16 and 64 and a value width of 16 and one (24) that is not a power of two."""
+    return _USABLE(device_index)
 
 
-def errors_here(device_index: int, f: str = SSD_FORMS[0]) -> list[tuple[tuple[int, int, int], list[float]]]:
+def errors_here(device_index: int) -> list[tuple[tuple[int, int, int], list[float]]]:
     """The check's cases, ((C, K, V), norm-relative errors of o, dq, dk, dv, dg, dks against float64)
-    on this device (-1: the interpreter), products in form ``f``: 3 heads, 2 chunks of 16 and of 64,
-    state widths 16 and 64 and value widths 24 (not a power of two) and 16."""
+    on this device (-1: the interpreter): 3 heads, 2 chunks of 16 and of 64, state widths 16 and 64 and
+    value widths 24 (not a power of two) and 16."""
     from . import ssd_intra_triton as Kt
     dev = torch.device("cuda", device_index) if device_index >= 0 else torch.device("cpu")
     gen = torch.Generator(device="cpu").manual_seed(0)
@@ -111,14 +92,14 @@ def errors_here(device_index: int, f: str = SSD_FORMS[0]) -> list[tuple[tuple[in
         want = intra_torch(*ins)
         wants = torch.autograd.grad(want, ins, do.double())
         args = [t.to(dev) for t in (q, k, v, gc, ks)]
-        got = [Kt.forward(*args, f), *Kt.backward(*args, do.to(dev), f)]
+        got = [Kt.forward(*args), *Kt.backward(*args, do.to(dev))]
         out.append(((C, K, V), [float((a.detach().double().cpu() - b).norm() / b.norm().clamp_min(1e-30))
                                 if a.shape == b.shape else float("inf") for a, b in zip(got, [want.detach(), *wants])]))
     return out
 
 
-def _matches_here(key: tuple[int, str]) -> bool:
-    return all(max(errs) <= 1e-4 for _, errs in errors_here(*key))
+def _matches_here(device_index: int) -> bool:
+    return all(max(errs) <= 1e-4 for _, errs in errors_here(device_index))
 
 
 _USABLE = DeviceCheck(_matches_here)
