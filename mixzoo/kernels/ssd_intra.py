@@ -9,7 +9,9 @@ the key scale ks = dt per head. ``mixzoo.models._scan.simple_gla_chunk`` compute
 product), about five written forward and eight backward per layer: at the mad recipe's 16 heads of 16
 (chunk 64) they are most of Mamba-2's step. The kernels keep each chunk's C x C matrices in registers:
 per (sequence, chunk) a program forms q kᵀ once for all heads, and backward sums its gradient over the
-heads before dq, dk. float32 throughout (full-precision products), as the PyTorch form.
+heads before dq, dk. float32 throughout (full-precision products), as the PyTorch form. The values are
+read in their own layout (Mamba-2 holds them as (B, T, H, V): a view of that, chunked, needs no copy), and
+the output and the value gradient are written in it.
 
 ``intra`` runs them for float32 CUDA tensors (or under Triton's interpreter, ``TRITON_INTERPRET=1``)
 at chunks of 16 to 64 positions (a program holds several C x C float32 matrices: 128 would spill
@@ -49,14 +51,15 @@ class _Intra(torch.autograd.Function):
         from . import RAN
         from . import ssd_intra_triton as K
         RAN.add("ssd_intra")
-        q, k, v, gc, ks = (t.contiguous() for t in (q, k, v, gc, ks))
+        q, k, gc, ks = (t.contiguous() for t in (q, k, gc, ks))
+        v = v if v.stride(-1) == 1 else v.contiguous()       # read in place: a view of (B, T, H, V) memory
         ctx.save_for_backward(q, k, v, gc, ks)
         return K.forward(q, k, v, gc, ks)
 
     @staticmethod
     def backward(ctx, do):
         from . import ssd_intra_triton as K
-        return K.backward(*ctx.saved_tensors, do.contiguous())
+        return K.backward(*ctx.saved_tensors, do if do.stride(-1) == 1 else do.contiguous())
 
 
 def intra(q, k, v, gc, ks):
@@ -69,14 +72,16 @@ def intra(q, k, v, gc, ks):
 def usable(device_index: int = 0) -> bool:
     """Whether the kernels give ``intra_torch``'s output and gradients on this device (-1: the
     interpreter), checked once (``_check.DeviceCheck``): 3 heads, 2 chunks of 16 and of 64, state
-    widths 16 and 64 and a value width of 16 and one (24) that is not a power of two."""
+    widths 16 and 64 and a value width of 16 and one (24) that is not a power of two; the values
+    contiguous, and (the mad recipe's case) a view of a part of (B, T, H, V) memory, as Mamba-2 holds them."""
     return _USABLE(device_index)
 
 
 def errors_here(device_index: int) -> list[tuple[tuple[int, int, int], list[float]]]:
     """The check's cases, ((C, K, V), norm-relative errors of o, dq, dk, dv, dg, dks against float64)
     on this device (-1: the interpreter): 3 heads, 2 chunks of 16 and of 64, state widths 16 and 64 and
-    value widths 24 (not a power of two) and 16."""
+    value widths 24 (not a power of two) and 16; at 16 the values and the output's gradient are views of
+    a part of (B, T, H, V) memory (strided, the value dimension contiguous), at 24 contiguous."""
     from . import ssd_intra_triton as Kt
     dev = torch.device("cuda", device_index) if device_index >= 0 else torch.device("cpu")
     gen = torch.Generator(device="cpu").manual_seed(0)
@@ -84,15 +89,17 @@ def errors_here(device_index: int) -> list[tuple[tuple[int, int, int], list[floa
     for C, K, V in ((16, 16, 24), (64, 64, 16)):
         B, H, N = 2, 3, 2
         q, k = (torch.randn(B, N, C, K, generator=gen) * K ** -0.5 for _ in range(2))
-        v = torch.randn(B, H, N, C, V, generator=gen)
+        strided = V == 16   # v and do views of the first V of V + 2 columns of (B, N, C, H, V + 2) memory
+        part = (lambda m: m[..., :V].permute(0, 3, 1, 2, 4)) if strided else (lambda m: m)
+        vm, dom = (torch.randn(*((B, N, C, H, V + 2) if strided else (B, H, N, C, V)), generator=gen) for _ in range(2))
+        v, do = part(vm), part(dom)
         gc = (-torch.rand(B, H, N, C, generator=gen) * 0.2).cumsum(-1)
         ks = torch.rand(B, H, N, C, generator=gen) + 0.1
-        do = torch.randn(B, H, N, C, V, generator=gen)
         ins = [t.double().requires_grad_() for t in (q, k, v, gc, ks)]
         want = intra_torch(*ins)
         wants = torch.autograd.grad(want, ins, do.double())
-        args = [t.to(dev) for t in (q, k, v, gc, ks)]
-        got = [Kt.forward(*args), *Kt.backward(*args, do.to(dev))]
+        args = [t.to(dev) for t in (q, k)] + [part(vm.to(dev))] + [t.to(dev) for t in (gc, ks)]
+        got = [Kt.forward(*args), *Kt.backward(*args, part(dom.to(dev)))]
         out.append(((C, K, V), [float((a.detach().double().cpu() - b).norm() / b.norm().clamp_min(1e-30))
                                 if a.shape == b.shape else float("inf") for a, b in zip(got, [want.detach(), *wants])]))
     return out

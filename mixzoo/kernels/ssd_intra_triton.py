@@ -24,10 +24,19 @@ def _decay(gc, ks, base_h, o_c, C: tl.constexpr):
 
 
 @triton.jit
-def _fwd_kernel(q, k, v, gc, ks, o, H, N, K, V, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+def _voff(b, h, n, sv, o_c, o_v):
+    """Offsets of the (C, BV) value tile of (sequence b, head h, chunk n) in a tensor of strides sv =
+    (sequence, head, chunk, position), its value dimension contiguous."""
+    return (b.to(tl.int64) * sv[0] + h * sv[1] + n * sv[2]) + o_c[:, None] * sv[3] + o_v[None, :]
+
+
+@triton.jit
+def _fwd_kernel(q, k, v, gc, ks, o, H, N, K, V, svb, svh, svn, svc, sob, soh, son, soc,
+                C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     b, n = tl.program_id(0), tl.program_id(1)
     o_c, o_k, o_v = tl.arange(0, C), tl.arange(0, BK), tl.arange(0, BV)
     mk, mv = o_k < K, o_v < V
+    sv, so = (svb, svh, svn, svc), (sob, soh, son, soc)
     qk = ((b * N + n).to(tl.int64) * C + o_c)[:, None] * K + o_k[None, :]
     bq = tl.load(q + qk, mask=mk[None, :], other=0.)
     bk = tl.load(k + qk, mask=mk[None, :], other=0.)
@@ -35,17 +44,17 @@ def _fwd_kernel(q, k, v, gc, ks, o, H, N, K, V, C: tl.constexpr, BK: tl.constexp
     for h in range(H):
         bh = ((b * H + h) * N + n).to(tl.int64)
         _, M = _decay(gc, ks, bh * C, o_c, C)
-        vo = (bh * C + o_c)[:, None] * V + o_v[None, :]
-        bv = tl.load(v + vo, mask=mv[None, :], other=0.)
-        tl.store(o + vo, tl.dot(S * M, bv, input_precision="ieee"), mask=mv[None, :])
+        bv = tl.load(v + _voff(b, h, n, sv, o_c, o_v), mask=mv[None, :], other=0.)
+        tl.store(o + _voff(b, h, n, so, o_c, o_v), tl.dot(S * M, bv, input_precision="ieee"), mask=mv[None, :])
 
 
 @triton.jit
-def _bwd_kernel(q, k, v, gc, ks, do, dq, dk, dv, dgc, dks, H, N, K, V,
-                C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+def _bwd_kernel(q, k, v, gc, ks, do, dq, dk, dv, dgc, dks, H, N, K, V, svb, svh, svn, svc, sdb, sdh, sdn, sdc,
+                sob, soh, son, soc, C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
     b, n = tl.program_id(0), tl.program_id(1)
     o_c, o_k, o_v = tl.arange(0, C), tl.arange(0, BK), tl.arange(0, BV)
     mk, mv = o_k < K, o_v < V
+    sv, sd, so = (svb, svh, svn, svc), (sdb, sdh, sdn, sdc), (sob, soh, son, soc)
     qk = ((b * N + n).to(tl.int64) * C + o_c)[:, None] * K + o_k[None, :]
     bq = tl.load(q + qk, mask=mk[None, :], other=0.)
     bk = tl.load(k + qk, mask=mk[None, :], other=0.)
@@ -54,10 +63,10 @@ def _bwd_kernel(q, k, v, gc, ks, do, dq, dk, dv, dgc, dks, H, N, K, V,
     for h in range(H):
         bh = ((b * H + h) * N + n).to(tl.int64)
         E, M = _decay(gc, ks, bh * C, o_c, C)
-        vo = (bh * C + o_c)[:, None] * V + o_v[None, :]
-        bv = tl.load(v + vo, mask=mv[None, :], other=0.)
-        bdo = tl.load(do + vo, mask=mv[None, :], other=0.)
-        tl.store(dv + vo, tl.dot(tl.trans(S * M), bdo, input_precision="ieee"), mask=mv[None, :])
+        bv = tl.load(v + _voff(b, h, n, sv, o_c, o_v), mask=mv[None, :], other=0.)
+        bdo = tl.load(do + _voff(b, h, n, sd, o_c, o_v), mask=mv[None, :], other=0.)
+        tl.store(dv + _voff(b, h, n, so, o_c, o_v), tl.dot(tl.trans(S * M), bdo, input_precision="ieee"),
+                 mask=mv[None, :])
         dA = tl.dot(bdo, tl.trans(bv), input_precision="ieee")           # (C, C): do_t . v_s
         dS += dA * M
         dM = dA * S
@@ -72,21 +81,40 @@ def _blocks(K: int, V: int) -> tuple[int, int]:
     return max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
 
 
+def like(v):
+    """An empty tensor of v's shape and dtype whose memory is ordered as v's (by decreasing stride), dense:
+    where v is a view of (B, T, H, V) memory, the output and the value gradient are written in that layout
+    too (and a caller's view of them as (B, T, H, V) needs no copy)."""
+    order = sorted(range(v.dim()), key=lambda d: -v.stride(d))
+    t = torch.empty([v.shape[d] for d in order], dtype=v.dtype, device=v.device)
+    return t.permute([order.index(d) for d in range(v.dim())])
+
+
+def _strides(x) -> tuple[int, int, int, int]:
+    """(sequence, head, chunk, position) strides of a (B, H, N, C, V) tensor."""
+    return tuple(x.stride()[:4])
+
+
 def forward(q, k, v, gc, ks):
-    """q, k (B, N, C, K); v (B, H, N, C, V); gc, ks (B, H, N, C); all float32 contiguous -> o like v."""
+    """q, k (B, N, C, K); gc, ks (B, H, N, C), float32 contiguous; v (B, H, N, C, V) float32, any strides
+    with the value dimension contiguous (a view of (B, T, H, V) memory is read in place) -> o, its memory
+    ordered as v's (``like``)."""
     B, H, N, C, V = v.shape
     K = q.shape[-1]
-    o = torch.empty_like(v)
+    o = like(v)
     BK, BV = _blocks(K, V)
-    _fwd_kernel[(B, N)](q, k, v, gc, ks, o, H, N, K, V, C=C, BK=BK, BV=BV, num_warps=8)
+    _fwd_kernel[(B, N)](q, k, v, gc, ks, o, H, N, K, V, *_strides(v), *_strides(o), C=C, BK=BK, BV=BV, num_warps=8)
     return o
 
 
 def backward(q, k, v, gc, ks, do):
+    """Gradients of ``forward``'s inputs; ``do`` any strides with the value dimension contiguous; dv's memory
+    ordered as v's."""
     B, H, N, C, V = v.shape
     K = q.shape[-1]
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), like(v)
     dgc, dks = torch.empty_like(gc), torch.empty_like(ks)
     BK, BV = _blocks(K, V)
-    _bwd_kernel[(B, N)](q, k, v, gc, ks, do, dq, dk, dv, dgc, dks, H, N, K, V, C=C, BK=BK, BV=BV, num_warps=8)
+    _bwd_kernel[(B, N)](q, k, v, gc, ks, do, dq, dk, dv, dgc, dks, H, N, K, V, *_strides(v), *_strides(do),
+                        *_strides(dv), C=C, BK=BK, BV=BV, num_warps=8)
     return dq, dk, dv, dgc, dks

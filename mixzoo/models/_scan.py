@@ -21,7 +21,6 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from ..kernels import ssd_intra as _ssd
 from . import _fla
 
 
@@ -69,7 +68,12 @@ def simple_gla_chunk(q, k, v, g, *, scale: float = 1.0, neg: torch.Tensor | None
     q, k, v, g = (t.to(cdt) for t in (q, k, v, g))
     qc, kc, vc = _chunked(q, C), _chunked(k, C), _chunked(v, C)
     ks = None if k_scale is None else _chunked(k_scale.to(cdt).unsqueeze(-1), C).squeeze(-1)   # (B, H, N, C)
-    gc = _chunked(g.unsqueeze(-1), C).squeeze(-1).cumsum(-1)             # (B, H, N, C)
+    # contiguous first: on CUDA a cumulative sum along a strided last dimension (g is often a view of
+    # (B, T, H) memory) ran at a few percent of the memory's bandwidth
+    gc = _chunked(g.unsqueeze(-1), C).squeeze(-1).contiguous().cumsum(-1)   # (B, H, N, C)
+    if shared and neg is None and ks is not None:
+        o = _ssd_shared(qc[:, 0], kc[:, 0], vc, gc, ks)
+        return (o if scale == 1.0 else o * scale)[:, :, :T].to(dt)
     N = gc.shape[2]
     last = gc[..., -1:]                                                  # (B, H, N, 1)
     to_end = (last - gc).exp()                                           # decay s -> chunk end
@@ -80,17 +84,13 @@ def simple_gla_chunk(q, k, v, g, *, scale: float = 1.0, neg: torch.Tensor | None
         to_end = to_end * _sign_from_parity(p[..., -1:] - p)
         from_start = from_start * _sign_from_parity(p)
         chunk_par = p[..., -1]
-    if shared and neg is None and ks is not None and _ssd.runs_on(qc[:, 0], vc):
-        # Mamba-2's SSD form on a GPU: the (B, H, N, C, C) matrices below stay in the kernels' registers
-        o = _fla._op("mixzoo.kernels.ssd_intra", "intra")(qc[:, 0], kc[:, 0], vc, gc, ks)   # folded when stacking
-    else:
-        tri = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
-        L = (gc.unsqueeze(-1) - gc.unsqueeze(-2)).masked_fill(~tri, float("-inf")).exp()   # (B, H, N, C, C)
-        if neg is not None:
-            L = L * _sign_from_parity(p.unsqueeze(-1) - p.unsqueeze(-2))
-        if ks is not None:
-            L = L * ks.unsqueeze(-2)                                     # column s scaled by k_scale_s
-        o = ((qc @ kc.transpose(-1, -2)) * L) @ vc                       # intra-chunk
+    tri = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    L = (gc.unsqueeze(-1) - gc.unsqueeze(-2)).masked_fill(~tri, float("-inf")).exp()   # (B, H, N, C, C)
+    if neg is not None:
+        L = L * _sign_from_parity(p.unsqueeze(-1) - p.unsqueeze(-2))
+    if ks is not None:
+        L = L * ks.unsqueeze(-2)                                         # column s scaled by k_scale_s
+    o = ((qc @ kc.transpose(-1, -2)) * L) @ vc                           # intra-chunk
     if ks is not None:
         to_end = to_end * ks
     if N > 1:
@@ -119,7 +119,42 @@ def simple_gla_chunk(q, k, v, g, *, scale: float = 1.0, neg: torch.Tensor | None
         else:
             inter = qc[:, :, 1:] @ enter
         o = torch.cat((o[:, :, :1], o[:, :, 1:] + inter * from_start[:, :, 1:].unsqueeze(-1)), dim=2)
-    return (o.flatten(2, 3)[:, :, :T] * scale).to(dt)
+    o = o.flatten(2, 3)[:, :, :T]
+    return (o if scale == 1.0 else o * scale).to(dt)
+
+
+def _ssd_shared(q, k, vc, gc, ks):
+    """Mamba-2's SSD form of ``simple_gla_chunk``: q, k (B, N, C, K) shared by the heads, vc (B, H, N, C, V)
+    (any strides: Mamba-2 passes a view of (B, T, H, V) memory), gc (B, H, N, C) the cumulative log-decays
+    within each chunk, ks (B, H, N, C) the key scales (dt). Returns (B, H, N·C, V) whose memory is
+    (B, N·C, H, V), Mamba-2's own layout.
+
+    Within the chunks: ``mixzoo.kernels.ssd_intra`` (its kernels on a GPU, reading the values in place).
+    Between them, in that layout, where every per-head scaling broadcasts over a (C, H, V) or (K, H, V)
+    block and the heads sit in the columns of each product: chunk n's state k[n]ᵀ (u[n] v[n]) (K x H·V,
+    u_s = exp(g_last - g_s) ks_s), the state entering each chunk carried along them (S_{n+1} = exp(g_last[n])
+    S_n + state_n; one product and one multiply-add a chunk), then q[n] S_n, scaled by exp(g_t) and added
+    to the within-chunk part. No permuted copies, no concatenation; the per-chunk tensors are split with
+    ``unbind`` (whose gradient is one stack, where indexing's is a full-size zero tensor per chunk)."""
+    B, H, N, C, V = vc.shape
+    o = _fla._op("mixzoo.kernels.ssd_intra", "intra")(q, k, vc, gc, ks)     # folded when stacking
+    tm = lambda t: t.permute(0, 2, 3, 1).unsqueeze(-1)                    # (B, H, N, C) -> (B, N, C, H, 1)
+    if N == 1:
+        return o.flatten(2, 3)
+    last = gc[..., -1:]
+    u = (last - gc).exp() * ks                                           # (B, H, N, C)
+    vt = vc.permute(0, 2, 3, 1, 4)                                       # (B, N, C, H, V), a view
+    w = (vt[:, :-1] * tm(u)[:, :-1]).flatten(3)                          # (B, N-1, C, H·V)
+    states = (k[:, :-1].transpose(-1, -2) @ w).unflatten(-1, (H, V))      # (B, N-1, K, H, V)
+    decay = tm(last.exp())                                               # (B, N, 1, H, 1): exp(g_last[n])
+    S = states[:, 0]
+    enter = [torch.zeros_like(S), S]
+    for st, d in zip(states.unbind(1)[1:], decay.unbind(1)[1:N - 1]):
+        S = torch.addcmul(st, S, d)
+        enter.append(S)
+    inter = (q @ torch.stack(enter, 1).flatten(3)).unflatten(-1, (H, V))  # (B, N, C, H, V)
+    y = torch.addcmul(o.permute(0, 2, 3, 1, 4), inter, tm(gc.exp()))
+    return y.flatten(1, 2).transpose(1, 2)
 
 
 def simple_gla_recurrent(q, k, v, g, *, scale: float = 1.0, neg=None) -> torch.Tensor:

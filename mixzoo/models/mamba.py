@@ -120,6 +120,7 @@ class Mamba(nn.Module):
         dt = F.softplus(dt.float() + self.dt_bias)                          # (B, T, H)
         log_a, negm = _signed(-self.A_log.float().exp() * dt, self.neg)     # (B, T, H)
         xh = xs.view(B, T, self.h, -1)                                      # (B, T, H, P)
+        xf = xh.float()                                                     # the scan's values and the skip's
         fn = None
         wide = xh.shape[-1] >= FLA_MIN_HEAD_DIM
         if x.is_cuda and negm is None and (self.requested == "fla" or (self.requested == "auto" and wide)):
@@ -139,9 +140,11 @@ class Mamba(nn.Module):
             self.backend = "torch-chunk"
             hf = lambda t: t.transpose(1, 2)
             # B and C once for every head, dt as the per-head key scale (no (B, T, H, N) copies)
-            y = hf(simple_gla_chunk(Cm.float().unsqueeze(1), Bm.float().unsqueeze(1), hf(xh), hf(log_a),
+            # the values as a view of (B, T, H, P) memory, which the SSD form reads in place and whose layout
+            # it returns (y below is a view, the skip one multiply-add, the reshape for the norm a view)
+            y = hf(simple_gla_chunk(Cm.float().unsqueeze(1), Bm.float().unsqueeze(1), hf(xf), hf(log_a),
                                     neg=None if negm is None else hf(negm), chunk=self.chunk, k_scale=hf(dt)))
-        y = y.float() + self.D[:, None] * xh.float()
+        y = torch.addcmul(y.float(), xf, self.D[:, None])                  # + D x
         # the gated norm, norm(y silu(z)): on a GPU one kernel each way (mixzoo.kernels.rmsnorm)
         return self.out_proj(self.norm(y.reshape(B, T, self.di), gate=z).to(x.dtype))
 
