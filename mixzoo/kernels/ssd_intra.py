@@ -90,8 +90,9 @@ def errors_here(device_index: int) -> list[tuple[tuple[int, int, int], list[floa
         B, H, N = 2, 3, 2
         q, k = (torch.randn(B, N, C, K, generator=gen) * K ** -0.5 for _ in range(2))
         strided = V == 16   # v and do views of the first V of V + 2 columns of (B, N, C, H, V + 2) memory
-        part = (lambda m: m[..., :V].permute(0, 3, 1, 2, 4)) if strided else (lambda m: m)
-        vm, dom = (torch.randn(*((B, N, C, H, V + 2) if strided else (B, H, N, C, V)), generator=gen) for _ in range(2))
+        part = (lambda m, V=V: m[..., :V].permute(0, 3, 1, 2, 4)) if strided else (lambda m: m)
+        shape = (B, N, C, H, V + 2) if strided else (B, H, N, C, V)
+        vm, dom = (torch.randn(*shape, generator=gen) for _ in range(2))
         v, do = part(vm), part(dom)
         gc = (-torch.rand(B, H, N, C, generator=gen) * 0.2).cumsum(-1)
         ks = torch.rand(B, H, N, C, generator=gen) + 0.1
