@@ -99,6 +99,73 @@ def test_chunked_scans_match_step_recurrences(chunk):
                                atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("T", [37, 64, 200])           # padded; one chunk; 4 chunks of 64
+def test_ssd_form_gradients_match_the_per_head_form(T):
+    """Mamba-2's SSD form (q, k shared by the heads, values a view of (B, T, H, V) memory, states carried
+    by ``carry_states``) against the general per-head form with k scaled per head: output and every
+    gradient in float64, chunks of 16 and 64."""
+    from mixzoo.models._scan import simple_gla_chunk
+    g0 = torch.Generator().manual_seed(1)
+    B, H, K, V = 2, 3, 8, 5
+    f64 = dict(dtype=torch.float64)
+    q1, k1 = torch.randn(B, 1, T, K, generator=g0, **f64), torch.randn(B, 1, T, K, generator=g0, **f64) * 0.3
+    vm = torch.randn(B, T, H, V, generator=g0, **f64)
+    g = -torch.rand(B, H, T, generator=g0, **f64) * 0.5
+    dts = torch.rand(B, H, T, generator=g0, **f64) + 0.1
+    for chunk in (16, 64):
+        outs = []
+        for ssd in (True, False):
+            xs = [t.clone().requires_grad_() for t in (q1, k1, vm, g, dts)]
+            q, k = (xs[0], xs[1]) if ssd else (xs[0].expand(B, H, T, K), xs[1] * xs[4].unsqueeze(-1))
+            o = simple_gla_chunk(q, k, xs[2].transpose(1, 2), xs[3], chunk=chunk, k_scale=xs[4] if ssd else None)
+            outs.append([o, *torch.autograd.grad((o * o.sin()).sum(), xs)])
+        for a, b in zip(*outs):
+            torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+
+
+def test_carry_states_gradient_and_vmap():
+    """``carry_states``' hand-written gradient (torch.autograd.gradcheck, float64) and its loop form under
+    vmap against a loop over the batch."""
+    from torch.func import vmap
+
+    from mixzoo.models._scan import _CarryStates, carry_states
+    g0 = torch.Generator().manual_seed(2)
+    for M in (1, 2, 5):
+        st = torch.randn(2, M, 3, 2, 4, generator=g0, dtype=torch.float64, requires_grad=True)
+        d = torch.rand(2, M, 1, 2, 1, generator=g0, dtype=torch.float64, requires_grad=True)
+        assert torch.autograd.gradcheck(_CarryStates.apply, (st, d))
+        E = carry_states(st, d)
+        assert E.shape == (2, M + 1, 3, 2, 4) and not E[:, 0].any()
+        torch.testing.assert_close(E[:, -1], (E[:, -2] * d[:, -1] + st[:, -1]) if M > 1 else st[:, 0])
+    st, d = torch.randn(3, 2, 4, 3, 2, 5, generator=g0), torch.rand(3, 2, 4, 1, 2, 1, generator=g0)
+    torch.testing.assert_close(vmap(carry_states)(st, d), torch.stack([carry_states(a, b) for a, b in zip(st, d)]))
+
+
+def test_stacked_mamba_carries_states_in_one_folded_call(monkeypatch):
+    """Under stacking (vmap with mixzoo.train.vmapfold's folding) Mamba-2's states between chunks are carried
+    by one call for the K models (folded into the batch), and the numbers are those of a loop over the models."""
+    from torch.func import functional_call, stack_module_state, vmap
+
+    from mixzoo.models import _scan
+    from mixzoo.registry import build_mixer, get_mixer
+    from mixzoo.train.vmapfold import folding
+    calls = []
+    apply = _scan._CarryStates.apply
+    monkeypatch.setattr(_scan._CarryStates, "apply", lambda *a: calls.append(tuple(a[0].shape)) or apply(*a))
+    torch.manual_seed(0)
+    ms = [build_mixer(get_mixer("mamba"), 64, num_heads=8, layer_idx=0, l_max=192) for _ in range(2)]
+    params, bufs = stack_module_state(ms)
+    x = torch.randn(2, 2, 192, 64)
+    with folding():
+        y = vmap(lambda p, b, xi: functional_call(ms[0], (p, b), (xi,)))(params, bufs, x)
+    assert calls == [(4, 2, 64, 8, 16)], calls         # 2 models x 2 sequences; states of chunks 0 and 1
+    ref = torch.stack([m(xi) for m, xi in zip(ms, x)])
+    torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
+    (gy,) = torch.autograd.grad(y.square().sum(), params["A_log"])
+    gr = torch.stack(torch.autograd.grad(ref.square().sum(), [m.A_log for m in ms]))
+    torch.testing.assert_close(gy, gr, atol=1e-5, rtol=1e-4)
+
+
 def test_gated_delta_chunk_float32_stable_with_correlated_keys():
     """Keys that point nearly the same way (mean k_t·k_s ~ 0.9, as a short convolution of a
     slowly varying input gives) make the chunk's triangular system ill-suited to series
