@@ -112,7 +112,9 @@ class Hyena(nn.Module):
         self.backend = "torch-toeplitz" if T <= DIRECT_MAX_LEN else "torch-fft"
         v = v.float()
         for n in range(self.order):
-            v = gates[n].float() * (causal_conv(v, h[n]) + self.bias[n, :, None] * v)
+            # x_n (h_n * v + b_n v): one multiply-add, then the product with the bfloat16 gate, promoted inside
+            # the product (no float32 copy of the gate)
+            v = gates[n] * torch.addcmul(causal_conv(v, h[n]), v, self.bias[n, :, None])
         return self.out_proj(v.transpose(1, 2).to(x.dtype))
 
     def state_size(self, seq_len: int) -> int:
