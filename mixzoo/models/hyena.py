@@ -53,11 +53,11 @@ class ImplicitFilter(nn.Module):
 
 
 # Up to this length the convolution runs as a product with each channel's causal Toeplitz matrix
-# (direct_causal_conv), beyond it as FFTs (fft_causal_conv): the same sums, rounded differently. At MAD's
-# baseline length 128 the direct form made Hyena's stacked training step 1.18x faster on an H200, side by
-# side (README, Performance); longer sequences, whose T x T matrices grow as T², keep the FFT (not measured
-# there against the direct form).
-DIRECT_MAX_LEN = 128
+# (direct_causal_conv), beyond it as FFTs (fft_causal_conv): the same sums, rounded differently. Side by side on
+# an H200 (README, Performance), Hyena's stacked+graphed training step (6 models, MAD's baseline shape at each
+# length) with the direct form against the FFTs: 1.18x at length 128, 1.08x at 256 (262.4 against 243.9
+# model-steps/s), 0.89x at 512 and 0.65x at 1024, whose T x T matrices grow as T².
+DIRECT_MAX_LEN = 256
 
 
 def fft_causal_conv(u: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
