@@ -111,3 +111,65 @@ def test_a_fresh_stacked_process_runs_every_kernel():
     r = run_interpreted(FRESH_STACKED, drop=("MIXZOO_SSD", "MIXZOO_RMSNORM", "MIXZOO_SWIGLU", "MIXZOO_CONV",
                                              "MIXZOO_EAGER_KERNELS"))
     assert r == [["stacked", "causal_conv,rmsnorm,ssd_intra,swiglu"]] * 2, r
+
+
+SCAN = r"""
+from mixzoo.kernels import ssd_intra as S
+from mixzoo.models._scan import simple_gla_chunk, simple_gla_recurrent
+out = {"usable": S.scan_usable(-1), "errors": [e for _, e in S.scan_errors_here(-1)]}
+gen = torch.Generator().manual_seed(3)
+rel = lambda a, b: float((a.double() - b).norm() / b.norm())
+# in simple_gla_chunk (Mamba-2's form), T = 200 at chunk 64: 4 chunks, the last padded
+B, H, T, K, V = 2, 3, 200, 16, 16
+q1, k1 = torch.randn(B, 1, T, K, generator=gen), torch.randn(B, 1, T, K, generator=gen) * 0.3
+vm = torch.randn(B, T, H, V, generator=gen)
+g = -torch.rand(B, H, T, generator=gen) * 0.5
+dts = torch.rand(B, H, T, generator=gen) + 0.1
+rec = simple_gla_recurrent(q1.expand(B, H, T, K), k1 * dts.unsqueeze(-1), vm.transpose(1, 2), g)
+res = {}
+for form in ("scan", "torch"):
+    os.environ["MIXZOO_SSD"] = form
+    xs = [t.clone().requires_grad_() for t in (q1, k1, vm, g, dts)]
+    o = simple_gla_chunk(xs[0], xs[1], xs[2].transpose(1, 2), xs[3], chunk=64, k_scale=xs[4])
+    o.square().sum().backward()
+    res[form] = (o.detach(), [t.grad for t in xs])
+out["chunk vs recurrence"] = [rel(res["scan"][0], rec.double()), rel(res["torch"][0], rec.double())]
+out["chunk grads vs torch form"] = [rel(a, b.double()) for a, b in zip(res["scan"][1], res["torch"][1])]
+# a Mamba-2 layer at the mad recipe's heads, 3 chunks, stacked: one folded call of the whole scan
+from torch.func import functional_call, stack_module_state, vmap
+from mixzoo.kernels import ssd_intra_triton as Kt
+from mixzoo.registry import build_mixer, get_mixer
+from mixzoo.train.vmapfold import folding
+os.environ["MIXZOO_SSD"] = "scan"
+calls = []
+fwd = Kt.scan_forward
+Kt.scan_forward = lambda *a: calls.append(list(a[2].shape)) or fwd(*a)
+torch.manual_seed(0)
+ms = [build_mixer(get_mixer("mamba"), 128, num_heads=16, layer_idx=0, l_max=192) for _ in range(2)]
+params, bufs = stack_module_state(ms)
+x = torch.randn(2, 1, 192, 128, generator=gen)
+with folding():
+    y = vmap(lambda p, b, xi: functional_call(ms[0], (p, b), (xi,)))(params, bufs, x)
+n_folded = len(calls)
+(gy,) = torch.autograd.grad(y.square().sum(), params["A_log"])
+os.environ["MIXZOO_SSD"] = "torch"
+ref = torch.stack([m(xi) for m, xi in zip(ms, x)])
+gr = torch.stack(torch.autograd.grad(ref.square().sum(), [m.A_log for m in ms]))
+out["mamba"] = dict(calls=calls[:n_folded], out=rel(y, ref.detach().double()), dA_log=rel(gy, gr.double()))
+print("RESULT", json.dumps(out))
+"""
+
+
+def test_ssd_whole_scan_kernels_in_the_interpreter():
+    """``MIXZOO_SSD=scan``: the whole chunked scan as kernels (the states between chunks carried by one
+    program per sequence and head) against float64 (the self-check's cases, values strided as Mamba-2 holds
+    them), inside ``simple_gla_chunk`` against the step recurrence and the PyTorch form's gradients, and a
+    stacked Mamba-2 layer as one folded call with a loop's numbers."""
+    r = run_interpreted(SCAN, drop=("MIXZOO_SSD",))
+    assert r["usable"] is True
+    assert max(max(e) for e in r["errors"]) < 1e-5, r["errors"]
+    assert max(r["chunk vs recurrence"]) < 1e-5, r
+    assert max(r["chunk grads vs torch form"]) < 1e-5, r
+    m = r["mamba"]
+    assert m["calls"] == [[2, 16, 3, 64, 16]], m          # 2 models x 1 sequence, 16 heads, 3 chunks of 64
+    assert m["out"] < 1e-5 and m["dA_log"] < 1e-4, m

@@ -399,3 +399,53 @@ def test_ssd_intra_kernels_match_fold_and_are_timed(monkeypatch):
     stacked()
     assert calls == [(16 * 128, 16, 2, 64, 16)]
     assert t["16 stacked, kernel"] <= 1.05 * t["16 stacked, torch"]      # eager: the 16-stacked call is device-bound
+
+
+SSD_SCAN_SCRIPT = r"""
+import json, os
+import torch
+from torch.func import functional_call, stack_module_state, vmap
+from mixzoo.kernels import ssd_intra as S
+from mixzoo.registry import build_mixer, get_mixer, load_builtins
+from mixzoo.train.vmapfold import folding
+load_builtins()
+out = {"errors": [e for _, e in S.scan_errors_here(0)]}
+print("CHECKED", json.dumps(out), flush=True)
+torch.manual_seed(0)
+ms = [build_mixer(get_mixer("mamba"), 128, num_heads=16, layer_idx=0, l_max=1024).cuda() for _ in range(2)]
+params, bufs = stack_module_state(ms)
+x = torch.randn(2, 16, 1024, 128, device="cuda")
+res = {}
+for form in ("scan", "intra"):
+    os.environ["MIXZOO_SSD"] = form
+    p = {k: v.detach().clone().requires_grad_() for k, v in params.items()}
+    with torch.autocast("cuda", dtype=torch.bfloat16), folding():
+        y = vmap(lambda p_, b, xi: functional_call(ms[0], (p_, b), (xi,)))(p, bufs, x)
+    y.float().square().mean().backward()
+    res[form] = [y.detach().double()] + [p[k].grad.double() for k in ("A_log", "dt_bias", "D", "in_proj.weight")]
+rel = lambda a, b: float((a - b).norm() / b.norm())
+out["mamba scan vs intra"] = [rel(a, b) for a, b in zip(res["scan"], res["intra"])]
+out["ran"] = sorted(__import__("mixzoo.kernels", fromlist=["RAN"]).RAN)
+print("RESULT", json.dumps(out), flush=True)
+"""
+
+
+def test_ssd_whole_scan_on_the_device():
+    """``MIXZOO_SSD=scan`` on the device, in a process of its own with CUDA_LAUNCH_BLOCKING=1 (a kernel that
+    faults poisons only that process, and is named): the whole-scan kernels' self-check against float64, then a
+    stacked Mamba-2 layer (2 models, the mad recipe, length 1024) with the whole scan against the within-chunk
+    kernels: output and gradients within bf16 training's rounding."""
+    import json
+    import os
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "-c", SSD_SCAN_SCRIPT], capture_output=True, text=True, timeout=600,
+                       env={**os.environ, "CUDA_LAUNCH_BLOCKING": "1"})
+    assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-4000:])
+    r = json.loads([x for x in p.stdout.splitlines() if x.startswith("RESULT ")][-1][len("RESULT "):])
+    print("\nssd whole scan, errors against float64 (o, dq, dk, dv, dg, dks) per case: " + json.dumps(r["errors"])
+          + "; stacked Mamba-2 scan against intra (y, dA_log, ddt_bias, dD, dW_in): "
+          + json.dumps(r["mamba scan vs intra"]) + "; ran " + ",".join(r["ran"]))
+    assert max(max(e) for e in r["errors"]) < 1e-5, r["errors"]
+    assert "ssd_scan" in r["ran"], r["ran"]
+    assert max(r["mamba scan vs intra"]) < 1e-3, r["mamba scan vs intra"]
