@@ -25,15 +25,7 @@ def _cases():
                  dict(C=BC, BK=K, BV=V)),
                 (f"ssd intra bwd C={BC} K={K} V={V}", D._bwd_kernel,
                  {**sig, "do": P("fp32"), **{n: P("fp32") for n in ("dq", "dk", "dv", "dgc", "dks")}, **ints,
-                  **st("v"), **st("d"), **st("o")}, dict(C=BC, BK=K, BV=V)),
-                (f"ssd states C={BC} K={K} V={V}", D._states_kernel,
-                 {**sig, "es": P("fp32"), "o": P("fp32"), **ints, **st("v"), **st("o")}, dict(C=BC, BK=K, BV=V)),
-                (f"ssd dstates C={BC} K={K} V={V}", D._dstates_kernel,
-                 {**sig, **{n: P("fp32") for n in ("es", "do", "dst", "dvp", "dgc", "dks")}, **ints, **st("v"),
-                  **st("d")}, dict(C=BC, BK=K, BV=V)),
-                (f"ssd dqk C={BC} K={K} V={V}", D._dqk_kernel,
-                 {**{n: P("fp32") for n in ("gc", "ks", "v", "es", "dst", "do", "dq", "dk")}, **ints, **st("v"),
-                  **st("d")}, dict(C=BC, BK=K, BV=V))]
+                  **st("v"), **st("d"), **st("o")}, dict(C=BC, BK=K, BV=V))]
     for dt in ("bf16", "fp32"):
         out += [
             ("swiglu fwd " + dt, S._fwd_kernel, dict(h=P(dt), o=P(dt), N="i64", F="i32"), dict(BLOCK=S.BLOCK)),

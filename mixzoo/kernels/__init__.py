@@ -12,8 +12,7 @@ RAN: set[str] = set()
 _EAGER = 0
 # the switches that pick a kernel by name (the others are on/off); checked once at the command line
 SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
-SSD_FORMS = ("torch", "intra", "scan")        # MIXZOO_SSD: Mamba-2's SSD form (unset: intra)
-NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS, "MIXZOO_SSD": SSD_FORMS}
+NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS}
 
 
 def switch_error() -> str | None:

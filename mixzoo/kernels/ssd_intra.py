@@ -37,23 +37,6 @@ def intra_torch(q, k, v, gc, ks):
     return ((q @ k.transpose(-1, -2)).unsqueeze(1) * M) @ v
 
 
-def scan_torch(q, k, v, gc, ks):
-    """The reference of the whole chunked scan (``scan``), with ``intra_torch``'s arguments: the within-chunk
-    part plus exp(g_t) q_t . S_n, S_n the state entering chunk n, carried chunk by chunk (S_0 = 0,
-    S_{n+1} = exp(g_last[n]) S_n + k[n]ᵀ (u[n] v[n]), u_s = exp(g_last - g_s) ks_s)."""
-    o = intra_torch(q, k, v, gc, ks)
-    B, H, N, C, V = v.shape
-    S = v.new_zeros(B, H, q.shape[-1], V)
-    inter = []
-    for n in range(N):
-        g = gc[:, :, n]                                                   # (B, H, C)
-        inter.append(g.exp().unsqueeze(-1) * (q[:, None, n] @ S))
-        gl = g[..., -1:]
-        S = gl.exp().unsqueeze(-1) * S + k[:, None, n].transpose(-1, -2) @ (((gl - g).exp() * ks[:, :, n]).unsqueeze(-1)
-                                                                             * v[:, :, n])
-    return o + torch.stack(inter, 2)
-
-
 def runs_on(q: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether ``intra`` takes the kernels for q (B, N, C, K) and v (B, H, N, C, V) (tensors vmap may batch)."""
     C, K, V = q.shape[-2], q.shape[-1], v.shape[-1]
@@ -77,39 +60,6 @@ class _Intra(torch.autograd.Function):
     def backward(ctx, do):
         from . import ssd_intra_triton as K
         return K.backward(*ctx.saved_tensors, do if do.stride(-1) == 1 else do.contiguous())
-
-
-class _Scan(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, gc, ks):
-        from . import RAN
-        from . import ssd_intra_triton as K
-        RAN.add("ssd_scan")
-        q, k, gc, ks = (t.contiguous() for t in (q, k, gc, ks))
-        v = v if v.stride(-1) == 1 else v.contiguous()
-        o, es = K.scan_forward(q, k, v, gc, ks)
-        ctx.save_for_backward(q, k, v, gc, ks, es)
-        return o
-
-    @staticmethod
-    def backward(ctx, do):
-        from . import ssd_intra_triton as K
-        return K.scan_backward(*ctx.saved_tensors, do if do.stride(-1) == 1 else do.contiguous())
-
-
-def scan_runs_on(q: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether ``scan`` takes the whole-scan kernels (asked for with ``MIXZOO_SSD=scan``; off by default)."""
-    return (os.environ.get("MIXZOO_SSD") == "scan" and runs_on(q, v)
-            and scan_usable((q.device.index or 0) if q.is_cuda else -1))
-
-
-def scan(q, k, v, gc, ks):
-    """``scan_torch``'s result, the whole chunked scan, by the kernels where ``scan_runs_on`` (not under an
-    unfolded vmap), the states between chunks carried by one program per (sequence, head) and kept as K x V
-    float32 per chunk for the backward; elsewhere by ``scan_torch``."""
-    if torch._C._are_functorch_transforms_active() or not scan_runs_on(q, v):
-        return scan_torch(q, k, v, gc, ks)
-    return _Scan.apply(q, k, v, gc, ks)
 
 
 def intra(q, k, v, gc, ks):
@@ -161,40 +111,3 @@ def _matches_here(device_index: int) -> bool:
 
 
 _USABLE = DeviceCheck(_matches_here)
-
-
-def scan_errors_here(device_index: int) -> list[tuple[tuple[int, int, int], list[float]]]:
-    """The whole-scan kernels' cases against float64 (o, dq, dk, dv, dg, dks) on this device (-1: the
-    interpreter): 3 heads, 3 chunks of 16 (state 16, values 24, contiguous) and of 64 (state 64, values 16,
-    views of a part of (B, T, H, V) memory)."""
-    from . import ssd_intra_triton as Kt
-    dev = torch.device("cuda", device_index) if device_index >= 0 else torch.device("cpu")
-    gen = torch.Generator(device="cpu").manual_seed(0)
-    out = []
-    for C, K, V in ((16, 16, 24), (64, 64, 16)):
-        B, H, N = 2, 3, 3
-        q, k = (torch.randn(B, N, C, K, generator=gen) * K ** -0.5 for _ in range(2))
-        strided = V == 16
-        part = (lambda m, V=V: m[..., :V].permute(0, 3, 1, 2, 4)) if strided else (lambda m: m)
-        shape = (B, N, C, H, V + 2) if strided else (B, H, N, C, V)
-        vm, dom = (torch.randn(*shape, generator=gen) for _ in range(2))
-        gc = (-torch.rand(B, H, N, C, generator=gen) * 0.2).cumsum(-1)
-        ks = torch.rand(B, H, N, C, generator=gen) + 0.1
-        ins = [t.double().requires_grad_() for t in (q, k, part(vm), gc, ks)]
-        want = scan_torch(*ins)
-        wants = torch.autograd.grad(want, ins, part(dom).double())
-        args = [t.to(dev) for t in (q, k)] + [part(vm.to(dev))] + [t.to(dev) for t in (gc, ks)]
-        o, es = Kt.scan_forward(*args)
-        got = [o, *Kt.scan_backward(*args, es, part(dom.to(dev)))]
-        out.append(((C, K, V), [float((a.detach().double().cpu() - b).norm() / b.norm().clamp_min(1e-30))
-                                if a.shape == b.shape else float("inf") for a, b in zip(got, [want.detach(), *wants])]))
-    return out
-
-
-def scan_usable(device_index: int = 0) -> bool:
-    """Whether the whole-scan kernels give ``scan_torch``'s output and gradients on this device (-1: the
-    interpreter), checked once (``scan_errors_here``, every error within 1e-4)."""
-    return _SCAN_USABLE(device_index)
-
-
-_SCAN_USABLE = DeviceCheck(lambda i: all(max(errs) <= 1e-4 for _, errs in scan_errors_here(i)))

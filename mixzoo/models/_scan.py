@@ -21,7 +21,6 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from ..kernels import ssd_intra as _ssd
 from . import _fla
 
 
@@ -135,8 +134,6 @@ def _ssd_shared(q, k, vc, gc, ks):
     then q[n] S_n, scaled by exp(g_t) and added to the within-chunk part. No permuted copies, no
     concatenation."""
     B, H, N, C, V = vc.shape
-    if N > 1 and _ssd.scan_runs_on(q, vc):      # MIXZOO_SSD=scan on a GPU: the whole scan as kernels
-        return _fla._op("mixzoo.kernels.ssd_intra", "scan")(q, k, vc, gc, ks).flatten(2, 3)   # folded when stacking
     o = _fla._op("mixzoo.kernels.ssd_intra", "intra")(q, k, vc, gc, ks)     # folded when stacking
     tm = lambda t: t.permute(0, 2, 3, 1).unsqueeze(-1)                    # (B, H, N, C) -> (B, N, C, H, 1)
     if N == 1:
