@@ -17,15 +17,17 @@ def _cases():
     from mixzoo.kernels import ssd_intra_triton as D
     from mixzoo.kernels import swiglu_triton as S
     out = []
-    for BC, K, V in ((64, 64, 16), (16, 128, 32)):              # the mad recipe's Mamba-2; the widest state
+    for (BC, K, V), form in [(s, f) for s in ((64, 64, 16), (16, 128, 32)) for f in D.FORMS]:
+        # the mad recipe's Mamba-2; the widest state; each product form
         sig = dict(q=P("fp32"), k=P("fp32"), v=P("fp32"), gc=P("fp32"), ks=P("fp32"))
         ints = dict(H="i32", N="i32", K="i32", V="i32")
         st = lambda t: {f"s{t}{d}": "i32" for d in "bhnc"}        # noqa: E731  (sequence, head, chunk, position) strides
-        out += [(f"ssd intra fwd C={BC} K={K} V={V}", D._fwd_kernel, {**sig, "o": P("fp32"), **ints, **st("v"), **st("o")},
-                 dict(C=BC, BK=K, BV=V)),
-                (f"ssd intra bwd C={BC} K={K} V={V}", D._bwd_kernel,
+        bf16 = D.FORMS.index(form)
+        out += [(f"ssd intra fwd C={BC} K={K} V={V} {form}", D._fwd_kernel,
+                 {**sig, "o": P("fp32"), **ints, **st("v"), **st("o")}, dict(C=BC, BK=K, BV=V, BF16=bf16)),
+                (f"ssd intra bwd C={BC} K={K} V={V} {form}", D._bwd_kernel,
                  {**sig, "do": P("fp32"), **{n: P("fp32") for n in ("dq", "dk", "dv", "dgc", "dks")}, **ints,
-                  **st("v"), **st("d"), **st("o")}, dict(C=BC, BK=K, BV=V))]
+                  **st("v"), **st("d"), **st("o")}, dict(C=BC, BK=K, BV=V, BF16=bf16))]
     for dt in ("bf16", "fp32"):
         out += [
             ("swiglu fwd " + dt, S._fwd_kernel, dict(h=P(dt), o=P(dt), N="i64", F="i32"), dict(BLOCK=S.BLOCK)),

@@ -83,6 +83,64 @@ def test_ssd_intra_kernels_in_the_interpreter():
     assert m["out"] < 1e-5 and m["dA_log"] < 1e-4, m
 
 
+FORMS = r"""
+from mixzoo.kernels import RAN, ssd_intra as S
+from mixzoo.models._scan import simple_gla_chunk
+out = {"form": S.form(), "usable": S.usable(-1)}
+for f in ("ieee", "bf16"):
+    out[f] = [errs for _, errs in S.errors_here(-1, f)]
+gen = torch.Generator().manual_seed(2)
+q, k = (torch.randn(1, 2, 32, 16, generator=gen) for _ in range(2))
+v = torch.randn(1, 2, 2, 32, 16, generator=gen)
+gc = (-torch.rand(1, 2, 2, 32, generator=gen) * 0.3).cumsum(-1)
+ks = torch.rand(1, 2, 2, 32, generator=gen) + 0.05
+RAN.clear()
+x = [t.clone().requires_grad_() for t in (q, k, v, gc, ks)]
+S.intra(*x).sum().backward()
+out["ran"] = sorted(RAN)
+# in simple_gla_chunk (Mamba-2's form, 2 chunks of 64), bf16 products against the PyTorch form in float64
+B, H, T, K, V = 2, 3, 128, 64, 16
+q1, k1 = torch.randn(B, 1, T, K, generator=gen) * K ** -0.5, torch.randn(B, 1, T, K, generator=gen) * K ** -0.5
+vm = torch.randn(B, T, H, V, generator=gen)
+g = -torch.rand(B, H, T, generator=gen) * 0.1
+dts = torch.rand(B, H, T, generator=gen) + 0.1
+res = {}
+for form, env in (("bf16", None), ("f64", "torch")):
+    if env: os.environ["MIXZOO_SSD"] = env
+    xs = [t.clone().to(torch.float64 if env else torch.float32).requires_grad_() for t in (q1, k1, vm, g, dts)]
+    o = simple_gla_chunk(xs[0], xs[1], xs[2].transpose(1, 2), xs[3], chunk=64, k_scale=xs[4])
+    o.square().sum().backward()
+    res[form] = [o.detach()] + [t.grad for t in xs]
+rel = lambda a, b: float((a.double() - b).norm() / b.norm())
+out["chunk bf16 vs float64"] = [rel(a, b) for a, b in zip(res["bf16"], res["f64"])]
+print("RESULT", json.dumps(out))
+"""
+
+
+def test_bf16_products_within_bfloat16s_tolerance_of_float64():
+    """MIXZOO_SSD_DOT=bf16: every product's operands rounded to bfloat16 for the tensor cores, accumulated in
+    float32 (mamba-ssm's precision in bfloat16 training): the self-check's cases (chunks of 16 and 64, strided
+    values) and Mamba-2's form inside simple_gla_chunk within bfloat16's tolerance of float64 for the output and
+    every gradient, and measurably not float32's (the form is what runs); the device check runs in that form and a
+    run records it."""
+    r = run_interpreted(FORMS, {"MIXZOO_SSD_DOT": "bf16"}, drop=("MIXZOO_SSD",))
+    assert r["form"] == "bf16" and r["usable"] is True, r
+    for ieee, bf in zip(r["ieee"], r["bf16"]):
+        assert max(ieee) < 1e-6, r["ieee"]
+        assert 1e-4 < max(bf) < 2e-2, r["bf16"]
+    assert r["ran"] == ["ssd_intra-bf16"], r
+    assert max(r["chunk bf16 vs float64"]) < 2e-2, r["chunk bf16 vs float64"]
+
+
+def test_a_wrong_product_form_is_refused_at_the_command_line(tmp_path, capsys, monkeypatch):
+    from mixzoo.cli import main
+    monkeypatch.setenv("MIXZOO_SSD_DOT", "tf32")
+    assert main(["--results", str(tmp_path / "res"), "run", "mqar", "--preset", "demo", "--model", "mamba"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "MIXZOO_SSD_DOT='tf32'; allowed: ieee, bf16" in err, err
+    assert not (tmp_path / "res").exists()
+
+
 def test_off_the_gpu_the_pytorch_form_runs():
     from mixzoo.kernels import ssd_intra
     if os.environ.get("TRITON_INTERPRET") == "1":

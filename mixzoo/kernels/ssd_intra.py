@@ -17,6 +17,10 @@ the output and the value gradient are written in it.
 at chunks of 16 to 64 positions (a program holds several C x C float32 matrices: 128 would spill
 registers) once they have matched ``intra_torch`` on that device (``usable``);
 ``runs_on`` says whether they will. ``MIXZOO_SSD=torch`` turns them off, and so does ``torch.compile``.
+``MIXZOO_SSD_DOT`` picks the form of their products (``SSD_FORMS``): ``ieee`` (full float32, the default) or
+``bf16`` (operands rounded to bfloat16 for the tensor cores, float32 accumulation: the precision of mamba-ssm's
+SSD kernels in bfloat16 training; checked against float64 to bfloat16's tolerance and recorded as
+``ssd_intra-bf16``), to be timed one against the other.
 Under vmap the models fold into the batch (``mixzoo.train.vmapfold``). Imports nothing of mixzoo.
 """
 from __future__ import annotations
@@ -25,8 +29,12 @@ import os
 
 import torch
 
-from . import enabled
+from . import SSD_FORMS, enabled, switch_error
 from ._check import DeviceCheck, interpreting
+
+# the self-check's bound on every norm-relative error against float64, per product form: float32's products
+# come within a few 1e-7, bfloat16 operands within a few 1e-3
+TOLERANCE = {"ieee": 1e-4, "bf16": 2e-2}
 
 
 def intra_torch(q, k, v, gc, ks):
@@ -45,21 +53,36 @@ def runs_on(q: torch.Tensor, v: torch.Tensor) -> bool:
             and not torch.compiler.is_compiling() and usable((q.device.index or 0) if q.is_cuda else -1))
 
 
+def form() -> str:
+    """The kernels' product form: ``MIXZOO_SSD_DOT`` (validated at the command line), default ``ieee``."""
+    f = os.environ.get("MIXZOO_SSD_DOT") or SSD_FORMS[0]
+    if f not in SSD_FORMS:
+        raise ValueError(switch_error())
+    return f
+
+
+def ran_name(f: str) -> str:
+    """The name a run records for the kernels in form ``f`` (the forms' numbers differ)."""
+    return "ssd_intra" if f == SSD_FORMS[0] else f"ssd_intra-{f}"
+
+
 class _Intra(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, gc, ks):
         from . import RAN
         from . import ssd_intra_triton as K
-        RAN.add("ssd_intra")
+        f = form()
+        RAN.add(ran_name(f))
         q, k, gc, ks = (t.contiguous() for t in (q, k, gc, ks))
         v = v if v.stride(-1) == 1 else v.contiguous()       # read in place: a view of (B, T, H, V) memory
         ctx.save_for_backward(q, k, v, gc, ks)
-        return K.forward(q, k, v, gc, ks)
+        ctx.form = f
+        return K.forward(q, k, v, gc, ks, f)
 
     @staticmethod
     def backward(ctx, do):
         from . import ssd_intra_triton as K
-        return K.backward(*ctx.saved_tensors, do if do.stride(-1) == 1 else do.contiguous())
+        return K.backward(*ctx.saved_tensors, do if do.stride(-1) == 1 else do.contiguous(), ctx.form)
 
 
 def intra(q, k, v, gc, ks):
@@ -73,13 +96,14 @@ def usable(device_index: int = 0) -> bool:
     """Whether the kernels give ``intra_torch``'s output and gradients on this device (-1: the
     interpreter), checked once (``_check.DeviceCheck``): 3 heads, 2 chunks of 16 and of 64, state
     widths 16 and 64 and a value width of 16 and one (24) that is not a power of two; the values
-    contiguous, and (the mad recipe's case) a view of a part of (B, T, H, V) memory, as Mamba-2 holds them."""
-    return _USABLE(device_index)
+    contiguous, and (the mad recipe's case) a view of a part of (B, T, H, V) memory, as Mamba-2 holds them; in the
+    product form ``form()`` picks, to its ``TOLERANCE``."""
+    return _USABLE((device_index, form()))
 
 
-def errors_here(device_index: int) -> list[tuple[tuple[int, int, int], list[float]]]:
+def errors_here(device_index: int, f: str = SSD_FORMS[0]) -> list[tuple[tuple[int, int, int], list[float]]]:
     """The check's cases, ((C, K, V), norm-relative errors of o, dq, dk, dv, dg, dks against float64)
-    on this device (-1: the interpreter): 3 heads, 2 chunks of 16 and of 64, state widths 16 and 64 and
+    on this device (-1: the interpreter), products in form ``f``: 3 heads, 2 chunks of 16 and of 64, state widths 16 and 64 and
     value widths 24 (not a power of two) and 16; at 16 the values and the output's gradient are views of
     a part of (B, T, H, V) memory (strided, the value dimension contiguous), at 24 contiguous."""
     from . import ssd_intra_triton as Kt
@@ -100,14 +124,14 @@ def errors_here(device_index: int) -> list[tuple[tuple[int, int, int], list[floa
         want = intra_torch(*ins)
         wants = torch.autograd.grad(want, ins, do.double())
         args = [t.to(dev) for t in (q, k)] + [part(vm.to(dev))] + [t.to(dev) for t in (gc, ks)]
-        got = [Kt.forward(*args), *Kt.backward(*args, part(dom.to(dev)))]
+        got = [Kt.forward(*args, f), *Kt.backward(*args, part(dom.to(dev)), f)]
         out.append(((C, K, V), [float((a.detach().double().cpu() - b).norm() / b.norm().clamp_min(1e-30))
                                 if a.shape == b.shape else float("inf") for a, b in zip(got, [want.detach(), *wants])]))
     return out
 
 
-def _matches_here(device_index: int) -> bool:
-    return all(max(errs) <= 1e-4 for _, errs in errors_here(device_index))
+def _matches_here(key: tuple[int, str]) -> bool:
+    return all(max(errs) <= TOLERANCE[key[1]] for _, errs in errors_here(*key))
 
 
 _USABLE = DeviceCheck(_matches_here)

@@ -399,3 +399,56 @@ def test_ssd_intra_kernels_match_fold_and_are_timed(monkeypatch):
     stacked()
     assert calls == [(16 * 128, 16, 2, 64, 16)]
     assert t["16 stacked, kernel"] <= 1.05 * t["16 stacked, torch"]      # eager: the 16-stacked call is device-bound
+
+
+SSD_BF16_CHECK = r"""
+import json
+from mixzoo.kernels import ssd_intra as S
+print("RESULT", json.dumps({f: [e for _, e in S.errors_here(0, f)] for f in ("bf16", "ieee")}), flush=True)
+"""
+
+SSD_BF16_TIMES = r"""
+import json, os, sys
+import torch
+sys.path.insert(0, os.path.join(os.getcwd(), "tests", "gpu"))
+from test_fused_kernels_gpu import _timed
+from mixzoo.registry import build_mixer, get_mixer, load_builtins
+load_builtins()
+out = {}
+torch.manual_seed(0)
+m = build_mixer(get_mixer("mamba"), 128, num_heads=16, layer_idx=0, l_max=1024).cuda()
+for L in (128, 1024):
+    xs = torch.randn(128, L, 128, device="cuda", requires_grad=True)
+    def one():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = m(xs)
+        y.float().square().mean().backward()
+    for f in ("ieee", "bf16", "ieee"):
+        os.environ["MIXZOO_SSD_DOT"] = f
+        out[f"L{L} {f}"] = min(out.get(f"L{L} {f}", float("inf")), _timed(one, graph=False, iters=20))
+print("RESULT", json.dumps(out), flush=True)
+"""
+
+
+def test_ssd_bf16_products_side_by_side():
+    """MIXZOO_SSD_DOT=bf16 on the device: the self-check's cases against float64 in a process of its own with
+    CUDA_LAUNCH_BLOCKING=1 (a fault poisons only that process, and is named), within bfloat16's tolerance; then,
+    in another process, a Mamba-2 layer's forward+backward at the mad recipe, batch 128, lengths 128 and 1024,
+    timed with each form in turn (ieee, bf16, ieee), printed."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    def run(script, env):
+        p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
+                           env={**os.environ, **env})
+        assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-4000:])
+        return json.loads([x for x in p.stdout.splitlines() if x.startswith("RESULT ")][-1][len("RESULT "):])
+    errs = run(SSD_BF16_CHECK, {"CUDA_LAUNCH_BLOCKING": "1"})
+    times = run(SSD_BF16_TIMES, {})
+    print("\nssd products, errors against float64 (o, dq, dk, dv, dg, dks) per case: ieee " + json.dumps(errs["ieee"])
+          + ", bf16 " + json.dumps(errs["bf16"]) + "; Mamba-2 layer forward+backward ms: "
+          + "; ".join(f"{k} {v:.3f}" for k, v in times.items()))
+    assert max(max(e) for e in errs["ieee"]) < 1e-5, errs
+    assert max(max(e) for e in errs["bf16"]) < 2e-2, errs
