@@ -96,16 +96,17 @@ def usable(device_index: int = 0) -> bool:
     """Whether the kernels give ``intra_torch``'s output and gradients on this device (-1: the
     interpreter), checked once (``_check.DeviceCheck``): 3 heads, 2 chunks of 16 and of 64, state
     widths 16 and 64 and a value width of 16 and one (24) that is not a power of two; the values
-    contiguous, and (the mad recipe's case) a view of a part of (B, T, H, V) memory, as Mamba-2 holds them; in the
-    product form ``form()`` picks, to its ``TOLERANCE``."""
+    contiguous, and (the mad recipe's case) a view of a part of (B, T, H, V) memory, as Mamba-2 holds
+    them; in the product form ``form()`` picks, to its ``TOLERANCE``."""
     return _USABLE((device_index, form()))
 
 
 def errors_here(device_index: int, f: str = SSD_FORMS[0]) -> list[tuple[tuple[int, int, int], list[float]]]:
     """The check's cases, ((C, K, V), norm-relative errors of o, dq, dk, dv, dg, dks against float64)
-    on this device (-1: the interpreter), products in form ``f``: 3 heads, 2 chunks of 16 and of 64, state widths 16 and 64 and
-    value widths 24 (not a power of two) and 16; at 16 the values and the output's gradient are views of
-    a part of (B, T, H, V) memory (strided, the value dimension contiguous), at 24 contiguous."""
+    on this device (-1: the interpreter), products in form ``f``: 3 heads, 2 chunks of 16 and of 64,
+    state widths 16 and 64 and value widths 24 (not a power of two) and 16; at 16 the values and the
+    output's gradient are views of a part of (B, T, H, V) memory (strided, the value dimension
+    contiguous), at 24 contiguous."""
     from . import ssd_intra_triton as Kt
     dev = torch.device("cuda", device_index) if device_index >= 0 else torch.device("cpu")
     gen = torch.Generator(device="cpu").manual_seed(0)
