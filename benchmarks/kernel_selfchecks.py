@@ -3,7 +3,7 @@ exception, or each output's norm-relative error against the float64 reference (t
 only answer yes or no). Prints one line per kernel.
 
     python benchmarks/kernel_selfchecks.py
-    MIXZOO_SSD_DOT=bf16 CUDA_LAUNCH_BLOCKING=1 python benchmarks/kernel_selfchecks.py
+    MIXZOO_SSD_DOT=ieee CUDA_LAUNCH_BLOCKING=1 python benchmarks/kernel_selfchecks.py
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def main() -> int:
             print(f"{name}: {'matches' if ok else 'does not match'}", flush=True)
         except Exception:
             print(f"{name}: raised\n{traceback.format_exc()}", flush=True)
-    # the SSD kernels in the form MIXZOO_SSD_DOT picks (default ieee): a form that faults on the device
+    # the SSD kernels in the form MIXZOO_SSD_DOT picks (default bf16): a form that faults on the device
     # poisons the process, so each form is checked in a process of its own
     form = ssd_intra.form()
     try:

@@ -71,7 +71,8 @@ print("RESULT", json.dumps(out))
 
 
 def test_ssd_intra_kernels_in_the_interpreter():
-    r = run_interpreted(SCRIPT, drop=("MIXZOO_SSD",))
+    """Full float32 products (``MIXZOO_SSD_DOT=ieee``) against float64 to float32's precision."""
+    r = run_interpreted(SCRIPT, {"MIXZOO_SSD_DOT": "ieee"}, drop=("MIXZOO_SSD",))
     assert r["usable"] is True
     for case, errs in r.items():
         if case.startswith("kernel"):
@@ -118,12 +119,12 @@ print("RESULT", json.dumps(out))
 
 
 def test_bf16_products_within_bfloat16s_tolerance_of_float64():
-    """MIXZOO_SSD_DOT=bf16: every product's operands rounded to bfloat16 for the tensor cores, accumulated in
-    float32 (mamba-ssm's precision in bfloat16 training): the self-check's cases (chunks of 16 and 64, strided
-    values) and Mamba-2's form inside simple_gla_chunk within bfloat16's tolerance of float64 for the output and
-    every gradient, and measurably not float32's (the form is what runs); the device check runs in that form and a
-    run records it."""
-    r = run_interpreted(FORMS, {"MIXZOO_SSD_DOT": "bf16"}, drop=("MIXZOO_SSD",))
+    """The default form, bf16 (``MIXZOO_SSD_DOT`` unset): every product's operands rounded to bfloat16 for the
+    tensor cores, accumulated in float32 (mamba-ssm's precision in bfloat16 training): the self-check's cases
+    (chunks of 16 and 64, strided values) and Mamba-2's form inside simple_gla_chunk within bfloat16's tolerance of
+    float64 for the output and every gradient, and measurably not float32's (the form is what runs); the device
+    check runs in that form and a run records it."""
+    r = run_interpreted(FORMS, drop=("MIXZOO_SSD", "MIXZOO_SSD_DOT"))
     assert r["form"] == "bf16" and r["usable"] is True, r
     for ieee, bf in zip(r["ieee"], r["bf16"]):
         assert max(ieee) < 1e-6, r["ieee"]
@@ -137,7 +138,7 @@ def test_a_wrong_product_form_is_refused_at_the_command_line(tmp_path, capsys, m
     monkeypatch.setenv("MIXZOO_SSD_DOT", "tf32")
     assert main(["--results", str(tmp_path / "res"), "run", "mqar", "--preset", "demo", "--model", "mamba"]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "MIXZOO_SSD_DOT='tf32'; allowed: ieee, bf16" in err, err
+    assert len(err.splitlines()) == 1 and "MIXZOO_SSD_DOT='tf32'; allowed: bf16, ieee" in err, err
     assert not (tmp_path / "res").exists()
 
 
@@ -166,6 +167,6 @@ def test_a_fresh_stacked_process_runs_every_kernel():
     """A fresh process whose first kernel call is inside a stacked (vmapped) step: each kernel's
     self-check runs in its own thread, so vmap there does not refuse its gradients (it did, and every
     kernel stayed off for the process)."""
-    r = run_interpreted(FRESH_STACKED, drop=("MIXZOO_SSD", "MIXZOO_RMSNORM", "MIXZOO_SWIGLU", "MIXZOO_CONV",
-                                             "MIXZOO_EAGER_KERNELS"))
-    assert r == [["stacked", "causal_conv,rmsnorm,ssd_intra,swiglu"]] * 2, r
+    r = run_interpreted(FRESH_STACKED, drop=("MIXZOO_SSD", "MIXZOO_SSD_DOT", "MIXZOO_RMSNORM", "MIXZOO_SWIGLU",
+                                             "MIXZOO_CONV", "MIXZOO_EAGER_KERNELS"))
+    assert r == [["stacked", "causal_conv,rmsnorm,ssd_intra-bf16,swiglu"]] * 2, r

@@ -12,7 +12,7 @@ RAN: set[str] = set()
 _EAGER = 0
 # the switches that pick a kernel by name (the others are on/off); checked once at the command line
 SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
-SSD_FORMS = ("ieee", "bf16")       # the SSD kernels' products (ssd_intra_triton); the first is the default
+SSD_FORMS = ("bf16", "ieee")       # the SSD kernels' products (ssd_intra_triton); the first is the default
 NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS, "MIXZOO_SSD_DOT": SSD_FORMS}
 
 

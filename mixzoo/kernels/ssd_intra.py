@@ -9,7 +9,7 @@ the key scale ks = dt per head. ``mixzoo.models._scan.simple_gla_chunk`` compute
 product), about five written forward and eight backward per layer: at the mad recipe's 16 heads of 16
 (chunk 64) they are most of Mamba-2's step. The kernels keep each chunk's C x C matrices in registers:
 per (sequence, chunk) a program forms q kᵀ once for all heads, and backward sums its gradient over the
-heads before dq, dk. float32 throughout (full-precision products), as the PyTorch form. The values are
+heads before dq, dk. float32 inputs and accumulation; the products' form is below. The values are
 read in their own layout (Mamba-2 holds them as (B, T, H, V): a view of that, chunked, needs no copy), and
 the output and the value gradient are written in it.
 
@@ -17,10 +17,10 @@ the output and the value gradient are written in it.
 at chunks of 16 to 64 positions (a program holds several C x C float32 matrices: 128 would spill
 registers) once they have matched ``intra_torch`` on that device (``usable``);
 ``runs_on`` says whether they will. ``MIXZOO_SSD=torch`` turns them off, and so does ``torch.compile``.
-``MIXZOO_SSD_DOT`` picks the form of their products (``SSD_FORMS``): ``ieee`` (full float32, the default) or
-``bf16`` (operands rounded to bfloat16 for the tensor cores, float32 accumulation: the precision of mamba-ssm's
-SSD kernels in bfloat16 training; checked against float64 to bfloat16's tolerance and recorded as
-``ssd_intra-bf16``), to be timed one against the other.
+``MIXZOO_SSD_DOT`` picks the form of their products (``SSD_FORMS``): ``bf16``, the default (operands rounded to
+bfloat16 for the tensor cores, float32 accumulation: the precision of mamba-ssm's SSD kernels in bfloat16
+training; checked against float64 to bfloat16's tolerance and recorded as ``ssd_intra-bf16``; 1.16x a stacked
+Mamba-2 step at lengths 128 to 1024 on the H200), or ``ieee`` (full float32 products, recorded as ``ssd_intra``).
 Under vmap the models fold into the batch (``mixzoo.train.vmapfold``). Imports nothing of mixzoo.
 """
 from __future__ import annotations
@@ -54,7 +54,7 @@ def runs_on(q: torch.Tensor, v: torch.Tensor) -> bool:
 
 
 def form() -> str:
-    """The kernels' product form: ``MIXZOO_SSD_DOT`` (validated at the command line), default ``ieee``."""
+    """The kernels' product form: ``MIXZOO_SSD_DOT`` (validated at the command line), default ``SSD_FORMS[0]``."""
     f = os.environ.get("MIXZOO_SSD_DOT") or SSD_FORMS[0]
     if f not in SSD_FORMS:
         raise ValueError(switch_error())
@@ -62,8 +62,9 @@ def form() -> str:
 
 
 def ran_name(f: str) -> str:
-    """The name a run records for the kernels in form ``f`` (the forms' numbers differ)."""
-    return "ssd_intra" if f == SSD_FORMS[0] else f"ssd_intra-{f}"
+    """The name a run records for the kernels in form ``f`` (the forms' numbers differ): ``ssd_intra`` for full
+    float32 products (what rows recorded before bf16 became the default), ``ssd_intra-<form>`` for another."""
+    return "ssd_intra" if f == "ieee" else f"ssd_intra-{f}"
 
 
 class _Intra(torch.autograd.Function):

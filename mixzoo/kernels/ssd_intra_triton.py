@@ -7,7 +7,7 @@ float32 operands in full float32 (``input_precision="ieee"``), as the PyTorch fo
 TF32 products, ``"tf32x3"``, ptxas reports no register spills where ieee spills about 1.4 KB per thread, but on
 the H200 with Triton 3.6 the kernels then stopped with an illegal memory access at chunks of 64, 2026-12-03.)
 
-``BF16`` (``MIXZOO_SSD_DOT=bf16``, off by default): every product's operands rounded to bfloat16 and
+``BF16`` (``MIXZOO_SSD_DOT=bf16``, the default): every product's operands rounded to bfloat16 and
 accumulated in float32 on the tensor cores, the decays and their products with the scores in float32 before
 the rounding, as mamba-ssm's SSD kernels compute in bfloat16 training (there x, B and C are bfloat16, and the
 decayed scores are cast to x's type before their product with it). ``ptxas -v`` for sm_90a at the mad recipe:

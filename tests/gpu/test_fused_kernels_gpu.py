@@ -338,8 +338,9 @@ def test_short_convolution_kernels_match_fold_and_are_timed(monkeypatch):
 
 def test_ssd_intra_kernels_match_fold_and_are_timed(monkeypatch):
     """Mamba-2's within-chunk SSD part at the mad recipe (batch 128, length 128 in chunks of 64, 16
-    heads of 16, state 64), float32: the kernels against float64 beside the PyTorch form; a Mamba-2
-    layer's forward+backward (bf16 autocast, torch-chunk) timed with both, one model and 16 stacked
+    heads of 16, state 64), float32 with full float32 products (``MIXZOO_SSD_DOT=ieee``; the default bf16
+    form is test_ssd_bf16_products_side_by_side's): the kernels against float64 beside the PyTorch form; a
+    Mamba-2 layer's forward+backward (bf16 autocast, torch-chunk) timed with both, one model and 16 stacked
     (one kernel call for all), printed."""
     from torch.func import functional_call, stack_module_state, vmap
 
@@ -347,6 +348,7 @@ def test_ssd_intra_kernels_match_fold_and_are_timed(monkeypatch):
     from mixzoo.kernels import ssd_intra_triton
     from mixzoo.registry import build_mixer, get_mixer
     from mixzoo.train.vmapfold import folding
+    monkeypatch.setenv("MIXZOO_SSD_DOT", "ieee")
     assert S.usable(torch.cuda.current_device())
     g = torch.Generator(device="cuda").manual_seed(0)
     B, H, N, C, K, V = 128, 16, 2, 64, 64, 16
@@ -431,7 +433,7 @@ print("RESULT", json.dumps(out), flush=True)
 
 
 def test_ssd_bf16_products_side_by_side():
-    """MIXZOO_SSD_DOT=bf16 on the device: the self-check's cases against float64 in a process of its own with
+    """MIXZOO_SSD_DOT=bf16 (the default) on the device: the self-check's cases against float64 in a process of its own with
     CUDA_LAUNCH_BLOCKING=1 (a fault poisons only that process, and is named), within bfloat16's tolerance; then,
     in another process, a Mamba-2 layer's forward+backward at the mad recipe, batch 128, lengths 128 and 1024,
     timed with each form in turn (ieee, bf16, ieee), printed."""
