@@ -4,7 +4,10 @@ from a low-rank projection (τ = 16), with a gated RMSNorm on the output. Keys a
 as values (expand_k = 0.5) as in the paper.
 
 Paths: ``fla-chunk`` (fla's Triton ``chunk_gla``, on a GPU) and ``torch-recurrent`` (fla's
-plain-PyTorch recurrence, loaded by file path; the CPU path).
+plain-PyTorch recurrence, loaded by file path; the CPU path). ``fla-chunk+triton-dv``: fla's, with the
+value gradient of its backward by mixzoo's kernel (``mixzoo.kernels.gla_dv``: tiles as narrow as the
+heads, fla's precision) where it has matched its reference on the device; ``MIXZOO_GLA_DV=fla`` leaves it
+to fla.
 """
 from __future__ import annotations
 
@@ -59,9 +62,9 @@ class GatedLinearAttention(nn.Module):
         gk = bthd(F.logsigmoid(self.gk(x).float()) / self.tau)
         fast = self._fast(x)
         if fast is not None:
-            self.backend = "fla-chunk"
             D = v.shape[-1]
             qp, kp, vp, gp = _fla.pad_heads(q, k, v, gk.to(q.dtype))
+            self.backend = "fla-chunk" + _fla.gla_dv_suffix(kp.shape[-1], vp.shape[-1], x.device)
             o = fast(qp, kp, vp, g=gp, scale=self.dk ** -0.5)[0][..., :D]
         else:
             self.backend = "torch-recurrent"
