@@ -1,8 +1,8 @@
-"""The short convolution's weight-gradient pass (``mixzoo.kernels.causal_conv_triton._dz_kernel``) timed at
-several tilings on this GPU, each checked against float64, beside another version of the kernels' file (the
-one before a change: ``--old PATH``), at gdn's ConvAct of the mad recipe (3 x 128 channels, width 4, SiLU,
-bias; bfloat16 input and output gradient): one model (batch 128) and six stacked (batch 768) at lengths 128
-and 1024. Prints one line per (shape, tiling) and writes JSON.
+"""The short convolution's backward (``mixzoo.kernels.causal_conv_triton.backward``: the weight-gradient
+pass and the input's) timed at several tilings on this GPU, each checked against float64, beside another
+version of the kernels' file (the one before a change: ``--old PATH``), at gdn's ConvAct of the mad recipe
+(3 x 128 channels, width 4, SiLU, bias; bfloat16 input and output gradient): one model (batch 128) and six
+stacked (batch 768) at lengths 128 and 1024. Prints one line per (shape, tiling) and writes JSON.
 
     python benchmarks/conv_tiles.py --old .gpu/old/causal_conv_triton.py --out conv_tiles.json
 """
@@ -41,15 +41,16 @@ def _ms(fn, iters: int = 20) -> float:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--old", help="another causal_conv_triton.py to time beside this one")
-    ap.add_argument("--tiles", default="16x64x4,16x64x2,32x32x4,16x32x2,8x64x2,32x64x8",
-                    help="BTxBCxWARPS tilings of the pass to time")
+    ap.add_argument("--tiles", default="16x64x4x128,16x64x4x64,16x64x4x256,16x64x4x1024,8x64x2x128,16x32x2x128",
+                    help="BTxBCxWARPSxTB tilings to time: the weight-gradient pass's positions per block, channels per "
+                         "block (every pass), its warps, positions per program (every pass; a multiple of 32)")
     ap.add_argument("--out")
     a = ap.parse_args(argv)
     from mixzoo.kernels import causal_conv as CC
     from mixzoo.kernels import causal_conv_triton as new
     mods = {"this": new} | ({"old": _load(a.old, "old_causal_conv_triton")} if a.old else {})
     rows = []
-    default = (new.DZ_BT, new.BC, new.DZ_WARPS)
+    default = (new.DZ_BT, new.BC, new.DZ_WARPS, new.TB)
     for B, T in ((128, 128), (128, 1024), (768, 1024)):
         C, W = 384, 4
         g = torch.Generator(device="cuda").manual_seed(0)
@@ -65,7 +66,8 @@ def main(argv=None) -> int:
             tilings = [tuple(map(int, t.split("x"))) for t in a.tiles.split(",")] if label == "this" else [None]
             for tiles in tilings:
                 if tiles is not None:
-                    mod.DZ_BT, mod.BC, mod.DZ_WARPS = tiles
+                    mod.DZ_BT, mod.BC, mod.DZ_WARPS, mod.TB = tiles
+                    assert mod.TB % 32 == 0 and mod.TB % mod.DZ_BT == 0, tiles
                 try:
                     dx, dw, db = mod.backward(x, w, b, True, dy)
                     dx1, dw1, db1 = mod.backward(x[:n].contiguous(), w, b, True, dy[:n].contiguous())
@@ -76,7 +78,7 @@ def main(argv=None) -> int:
                     r = dict(B=B, T=T, C=C, version=label, tiles=tiles, error=f"{type(e).__name__}: {e}"[:300])
                 rows.append(r)
                 print(json.dumps(r), flush=True)
-        new.DZ_BT, new.BC, new.DZ_WARPS = default
+        new.DZ_BT, new.BC, new.DZ_WARPS, new.TB = default
     if a.out:
         Path(a.out).write_text(json.dumps(dict(device=torch.cuda.get_device_name(), rows=rows), indent=1))
     return 0

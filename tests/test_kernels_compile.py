@@ -42,16 +42,16 @@ def _cases():
             ("rope " + dt, R._rope_kernel, dict(x=P(dt), y=P(dt), inv_freq=P("fp32"), H="i32", T="i32", sb="i64", sh="i64",
                                                 st="i64", HALF="i32", sign="fp32"), dict(BT=256, BH=4)),
             ("conv fwd " + dt, C._fwd_kernel, dict(x=P(dt), w=P("fp32"), bias=P("fp32"), y=P("bf16"), T="i32", C="i32"),
-             dict(W=4, HAS_BIAS=True, SILU=True, BT=C.BT, BC=C.BC)),
+             dict(W=4, HAS_BIAS=True, SILU=True, BT=C.BT, BC=C.BC, TB=C.TB)),
             ("conv dz " + dt, C._dz_kernel, dict(x=P(dt), w=P("fp32"), bias=P("fp32"), dy=P("bf16"), dz=P("fp32"),
                                                  dwp=P("fp32"), dbp=P("fp32"), T="i32", C="i32"),
-             dict(W=4, HAS_BIAS=True, SILU=True, BT=C.DZ_BT, BC=C.BC, BW=4)),
+             dict(W=4, HAS_BIAS=True, SILU=True, BT=C.DZ_BT, BC=C.BC, BW=4, TB=C.TB)),
             ("conv dz, no bias, no silu " + dt, C._dz_kernel, dict(x=P(dt), w=P("fp32"), bias=P("fp32"), dy=P("fp32"),
                                                                    dz=P("fp32"), dwp=P("fp32"), dbp=P("fp32"), T="i32",
                                                                    C="i32"),
-             dict(W=3, HAS_BIAS=False, SILU=False, BT=C.DZ_BT, BC=C.BC, BW=4)),
+             dict(W=3, HAS_BIAS=False, SILU=False, BT=C.DZ_BT, BC=C.BC, BW=4, TB=C.TB)),
             ("conv dx " + dt, C._dx_kernel, dict(dz=P("fp32"), w=P("fp32"), dx=P(dt), T="i32", C="i32"),
-             dict(W=4, BT=C.BT, BC=C.BC)),
+             dict(W=4, BT=C.BT, BC=C.BC, TB=C.TB)),
         ]
     return out
 

@@ -80,7 +80,8 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 def usable(device_index: int = 0) -> bool:
     """Whether the kernels give ``causal_conv_torch``'s output and gradients on this device (-1: the
     interpreter), checked once (``_check.DeviceCheck``): float32 and bf16, with and without bias and
-    SiLU, a length that is not a multiple of the kernels' block, widths 4 and 3."""
+    SiLU, lengths that are not multiples of the kernels' blocks (45, and 301: three spans of positions), widths
+    4 and 3."""
     return _USABLE(device_index)
 
 
@@ -89,11 +90,12 @@ def _matches_here(device_index: int) -> bool:
     dev = torch.device("cuda", device_index) if device_index >= 0 else torch.device("cpu")
     gen = torch.Generator(device="cpu").manual_seed(0)
     for dt, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
-        for W, silu, has_bias in ((4, True, True), (3, False, False)):
-            x = torch.randn(2, 45, 70, generator=gen).to(dt).to(dev)
+        # lengths within one span of the kernels' programs and across three (the last partial)
+        for W, silu, has_bias, T in ((4, True, True, 301), (3, False, False, 45)):
+            x = torch.randn(2, T, 70, generator=gen).to(dt).to(dev)
             w = (torch.randn(70, W, generator=gen) * 0.5).to(dev)
             b = (torch.randn(70, generator=gen) * 0.1).to(dev) if has_bias else None
-            dy = torch.randn(2, 45, 70, generator=gen).to(dev)
+            dy = torch.randn(2, T, 70, generator=gen).to(dev)
             ins = [t.double().requires_grad_() for t in (x, w) + ((b,) if has_bias else ())]
             want = causal_conv_torch(ins[0], ins[1], ins[2] if has_bias else None, silu)
             wants = torch.autograd.grad(want, ins, dy.double())
