@@ -41,7 +41,7 @@ def _ms(fn, iters: int = 20) -> float:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--old", help="another causal_conv_triton.py to time beside this one")
-    ap.add_argument("--tiles", default="16x64x4x128,16x64x4x64,16x64x4x256,16x64x4x1024,8x64x2x128,16x32x2x128",
+    ap.add_argument("--tiles", default="8x64x2x128,16x64x4x128,16x64x4x64,16x64x4x256,16x64x4x1024,16x32x2x128",
                     help="BTxBCxWARPSxTB tilings to time: the weight-gradient pass's positions per block, channels per "
                          "block (every pass), its warps, positions per program (every pass; a multiple of 32)")
     ap.add_argument("--out")

@@ -2,9 +2,16 @@
 
 x (B, T, C) contiguous, weight (C, W), bias (C,): one program per (sequence, block of channels, span of TB
 positions) runs along its span in blocks of BT positions (so the weight's and bias's gradients are summed over
-the positions inside the program, deterministically, and over the sequences and spans by the caller). Spans,
-not whole sequences, per program: with one program per (sequence, block of channels) the backward at
-768 x 1024 x 384 moved its 2.4 GB in 3.5 ms on the H200 (0.7 TB/s), each program walking 1024 positions."""
+the positions inside the program, deterministically, and over the sequences and spans by the caller).
+
+The tiling is the fastest of those timed side by side on the H200 (benchmarks/conv_tiles.py, 2026-12-03,
+benchmarks/h200-2026-12-03c/conv-tiles-c473c34.json), the backward of gdn's convolution at the mad recipe
+(384 channels, width 4, SiLU, bias, bfloat16): 8 positions x 64 channels, 2 warps, spans of 128 took 0.147 /
+0.585 / 3.30 ms at (batch, length) (128, 128) / (128, 1024) / (768, 1024), against 0.189 / 0.724 / 4.02 ms for
+the kernels before (whole sequences per program, the weight gradient's rows summed in every block). Spans alone
+were no faster (16 x 64, 4 warps, at (768, 1024): whole sequences 3.46, spans of 256 3.54, of 128 3.76, of 64
+4.20 ms). A stacked gdn or Mamba-2 step did not change measurably with it (within 1 %): the backward moves about
+4.2 GB there (dz in float32 written and read back), and it is a few percent of the step."""
 from __future__ import annotations
 
 import torch
@@ -97,9 +104,9 @@ def _dx_kernel(dz, w, dx, T, C, W: tl.constexpr, BT: tl.constexpr, BC: tl.conste
 
 
 BT, BC = 32, 64
-# the weight-gradient pass holds W windows of x and their sums with dz, (BW, DZ_BT, BC) each: at 16 positions
-# and 4 warps ptxas gives sm_90a 168 registers and no spills (at 32 positions, 8 warps: 247)
-DZ_BT, DZ_WARPS = 16, 4
+# the weight-gradient pass holds W windows of x and their sums with dz, (BW, DZ_BT, BC) each: at 8 positions
+# and 2 warps ptxas gives sm_90a 128 registers and no spills (16 positions and 4 warps: 225)
+DZ_BT, DZ_WARPS = 8, 2
 TB = 128               # positions per program (a multiple of BT and DZ_BT)
 
 
