@@ -13,8 +13,10 @@ _EAGER = 0
 # the switches that pick a kernel by name (the others are on/off); checked once at the command line
 SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
 SSD_FORMS = ("bf16", "ieee")       # the SSD kernels' products (ssd_intra_triton); the first is the default
-GLA_DV_IMPLS = ("triton", "fla")   # GLA's value gradient (gla_dv): mixzoo's kernel or fla's; the first is the default
-NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS, "MIXZOO_SSD_DOT": SSD_FORMS, "MIXZOO_GLA_DV": GLA_DV_IMPLS}
+# two steps of GLA's backward (gla_bwd): mixzoo's kernel or fla's; the first is the default (dqkg: fla's until
+# timed on the H200)
+GLA_BWD_SWITCHES = {"MIXZOO_GLA_DV": ("triton", "fla"), "MIXZOO_GLA_DQKG": ("fla", "triton")}
+NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS, "MIXZOO_SSD_DOT": SSD_FORMS, **GLA_BWD_SWITCHES}
 
 
 def switch_error() -> str | None:

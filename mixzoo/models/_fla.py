@@ -111,11 +111,10 @@ def gated_chunk_op(module: str, fn: str, K: int = 16, V: int = 16):
     return op, "+triton-dqkwg" if triton_ok(K, V, 64) else "+torch-dqkwg"
 
 
-def gla_dv_suffix(K: int, V: int, device) -> str:
-    """``"+triton-dv"`` where mixzoo's kernel for the value gradient of fla's chunked GLA backward
-    (``mixzoo.kernels.gla_dv``) is installed in fla's dispatcher and takes heads of K, V (fla's chunk of
-    64) on ``device``, else ``""`` (fla's own kernel runs). Call only for CUDA inputs."""
-    from ..kernels import gla_dv
-    if gla_dv.impl() != "triton" or not gla_dv.install():
-        return ""
-    return "+triton-dv" if gla_dv.usable(K, V, 64, device.index or 0) else ""
+
+def gla_bwd_suffix(K: int, V: int, device) -> str:
+    """The backend-name suffix for GLA's fla path with heads of K, V on ``device``: which steps of fla's backward
+    run as mixzoo's kernels (``mixzoo.kernels.gla_bwd.suffix``: ``+triton-dv`` and the like), else ``""``. Call
+    only for CUDA inputs."""
+    from ..kernels import gla_bwd
+    return gla_bwd.suffix(K, V, device.index or 0)
