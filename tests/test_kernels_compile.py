@@ -12,7 +12,7 @@ P = lambda dt: f"*{dt}"                 # noqa: E731  a pointer argument
 
 def _cases():
     from mixzoo.kernels import causal_conv_triton as C
-    from mixzoo.kernels import gla_bwd_triton as G
+    from mixzoo.kernels import gla_steps_triton as G
     from mixzoo.kernels import rmsnorm_triton as N
     from mixzoo.kernels import rope_triton as R
     from mixzoo.kernels import ssd_intra_triton as D
@@ -25,6 +25,9 @@ def _cases():
                 (f"gla dqkg BT={BT} K={K} V={V}", G._dqkg_kernel,
                  dict(q=P("bf16"), k=P("bf16"), v=P("bf16"), g=P("fp32"), h=P("fp32"), do=P("bf16"), dh=P("fp32"),
                       dq=P("fp32"), dk=P("fp32"), dq2=P("fp32"), dk2=P("fp32"), dg=P("fp32"), scale="fp32", T="i32"),
+                 dict(H=16, K=K, V=V, BT=BT, BK=G._tile(K), BV=G._tile(V))),
+                (f"gla o BT={BT} K={K} V={V}", G._o_kernel,
+                 dict(q=P("bf16"), v=P("bf16"), g=P("fp32"), h=P("bf16"), A=P("fp32"), o=P("bf16"), scale="fp32", T="i32"),
                  dict(H=16, K=K, V=V, BT=BT, BK=G._tile(K), BV=G._tile(V)))]
     for (BC, K, V), form in [(s, f) for s in ((64, 64, 16), (16, 128, 32)) for f in D.FORMS]:
         # the mad recipe's Mamba-2; the widest state; each product form

@@ -13,10 +13,10 @@ _EAGER = 0
 # the switches that pick a kernel by name (the others are on/off); checked once at the command line
 SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
 SSD_FORMS = ("bf16", "ieee")       # the SSD kernels' products (ssd_intra_triton); the first is the default
-# two steps of GLA's backward (gla_bwd): mixzoo's kernel or fla's; the first is the default (dqkg: fla's until
-# timed on the H200)
-GLA_BWD_SWITCHES = {"MIXZOO_GLA_DV": ("triton", "fla"), "MIXZOO_GLA_DQKG": ("fla", "triton")}
-NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS, "MIXZOO_SSD_DOT": SSD_FORMS, **GLA_BWD_SWITCHES}
+# steps of fla's chunked GLA (gla_steps): mixzoo's kernel or fla's; the first is the default (dqkg and o: fla's
+# until timed on the H200)
+GLA_SWITCHES = {"MIXZOO_GLA_DV": ("triton", "fla"), "MIXZOO_GLA_DQKG": ("fla", "triton"), "MIXZOO_GLA_O": ("fla", "triton")}
+NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS, "MIXZOO_SSD_DOT": SSD_FORMS, **GLA_SWITCHES}
 
 
 def switch_error() -> str | None:

@@ -112,9 +112,9 @@ def gated_chunk_op(module: str, fn: str, K: int = 16, V: int = 16):
 
 
 
-def gla_bwd_suffix(K: int, V: int, device) -> str:
+def gla_suffix(K: int, V: int, device) -> str:
     """The backend-name suffix for GLA's fla path with heads of K, V on ``device``: which steps of fla's backward
-    run as mixzoo's kernels (``mixzoo.kernels.gla_bwd.suffix``: ``+triton-dv`` and the like), else ``""``. Call
+    run as mixzoo's kernels (``mixzoo.kernels.gla_steps.suffix``: ``+triton-dv`` and the like), else ``""``. Call
     only for CUDA inputs."""
-    from ..kernels import gla_bwd
-    return gla_bwd.suffix(K, V, device.index or 0)
+    from ..kernels import gla_steps
+    return gla_steps.suffix(K, V, device.index or 0)

@@ -5,10 +5,10 @@ as values (expand_k = 0.5) as in the paper.
 
 Paths: ``fla-chunk`` (fla's Triton ``chunk_gla``, on a GPU) and ``torch-recurrent`` (fla's
 plain-PyTorch recurrence, loaded by file path; the CPU path). ``fla-chunk+triton-dv``: fla's, with the
-value gradient of its backward by mixzoo's kernel (``mixzoo.kernels.gla_bwd``: tiles as narrow as the
+value gradient of its backward by mixzoo's kernel (``mixzoo.kernels.gla_steps``: tiles as narrow as the
 heads, fla's precision) where it has matched its reference on the device; ``MIXZOO_GLA_DV=fla`` leaves it
-to fla. ``MIXZOO_GLA_DQKG=triton`` takes the state's parts of dq, dk, dg likewise (``+triton-dv-dqkg``;
-fla's by default until timed on the H200).
+to fla. ``MIXZOO_GLA_DQKG=triton`` and ``MIXZOO_GLA_O=triton`` take the state's parts of dq, dk, dg and the
+forward's output likewise (``+triton-dv-dqkg-o``; fla's by default until timed on the H200).
 """
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ class GatedLinearAttention(nn.Module):
         if fast is not None:
             D = v.shape[-1]
             qp, kp, vp, gp = _fla.pad_heads(q, k, v, gk.to(q.dtype))
-            self.backend = "fla-chunk" + _fla.gla_bwd_suffix(kp.shape[-1], vp.shape[-1], x.device)
+            self.backend = "fla-chunk" + _fla.gla_suffix(kp.shape[-1], vp.shape[-1], x.device)
             o = fast(qp, kp, vp, g=gp, scale=self.dk ** -0.5)[0][..., :D]
         else:
             self.backend = "torch-recurrent"

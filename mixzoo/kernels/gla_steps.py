@@ -1,27 +1,29 @@
-"""Two steps of fla's chunked GLA backward (``fla.ops.gla.chunk``) as Triton kernels with tiles as narrow as
-the heads (``gla_bwd_triton``), each with a plain-PyTorch reference beside it.
+"""Steps of fla's chunked GLA (``fla.ops.gla.chunk``) as Triton kernels with tiles as narrow as the heads
+(``gla_steps_triton``), each with a plain-PyTorch reference beside it.
 
 Per chunk of BT positions, with g the chunk-local cumulative log2-decays of the keys, h the state entering the
-chunk and dh the gradient of the state entering the next one, L the chunk's last position, σ the scale:
+chunk and dh the gradient of the state entering the next one, L the chunk's last position, σ the scale, A the
+forward's in-chunk scores (A[t, s], s <= t, decays and scale in them):
 
-- ``dv`` (fla's ``chunk_gla_bwd_dv``), with A the forward's in-chunk scores (A[t, s], s <= t, decays and scale
-  in them):  dv_s = sum_{t >= s in the chunk} A[t, s] do_t + (k_s * 2^{g_L - g_s}) dh
+- ``o`` (fla's ``chunk_gla_fwd_o_gk``), the output:  o_t = σ (q_t * 2^{g_t}) h + sum_{s <= t} A[t, s] v_s
+- ``dv`` (fla's ``chunk_gla_bwd_dv``):  dv_s = sum_{t >= s in the chunk} A[t, s] do_t + (k_s * 2^{g_L - g_s}) dh
 - ``dqkg`` (fla's ``chunk_gla_bwd_dqkg``), the state's parts added to the in-chunk dq, dk:
   dq_t += σ 2^{g_t} * (do_t hᵀ),  dk_s += 2^{g_L - g_s} * (v_s dhᵀ),  and the log-decays' gradient
   dg_t = sum_{s >= t in the chunk} (q_s * dq_s - k_s * dk_s) + 2^{g_L} * sum_v h * dh + sum_s dk_s^state * k_s
 
 fla's kernels tile the value head at 64 or more and the key head at 32 or more on Hopper. At the mad recipe's
-GLA (16 heads: keys of 4 and values of 8, zero-padded to 16 for fla) that is four (dv) and eight (dqkg) times
-the products: on the H200 fla's dv kernel was a fifth of a stacked GLA step at length 1024 (10.3 ms of 104.5,
-2026-12-02 profile), its dqkg kernel 8 %. Here the tiles are the heads' widths (at least 16), in fla's precision
-(``gla_bwd_triton``).
+GLA (16 heads: keys of 4 and values of 8, zero-padded to 16 for fla) that is four to eight times the products: on
+the H200 fla's dv kernel was a fifth of a stacked GLA step at length 1024 (10.3 ms of 104.5, 2026-12-02 profile),
+its dqkg kernel 8 %, its output kernel 4 %. Here the tiles are the heads' widths (at least 16), in fla's
+precision (``gla_steps_triton``).
 
-``install()`` registers both with fla's dispatcher for the 'gla' ops: each takes fla's calls that it handles
+``install()`` registers them with fla's dispatcher for the 'gla' ops: each takes fla's calls that it handles
 (fixed length, contiguous, chunks of 16 to 64, heads up to 128 wide) on a CUDA device (or Triton's interpreter)
 where it has matched its reference at those widths (``usable``); any other call runs fla's kernel. The switches
-``MIXZOO_GLA_DV`` and ``MIXZOO_GLA_DQKG`` (``triton`` or ``fla``) pick per step; dv's default is triton (timed on
-the H200: bit for bit fla's numbers, 1.16x a stacked GLA step), dqkg's is fla until it is timed there. A run
-records ``gla_dv`` / ``gla_dqkg`` among its kernels when they ran. Imports nothing of mixzoo.
+``MIXZOO_GLA_DV``, ``MIXZOO_GLA_DQKG`` and ``MIXZOO_GLA_O`` (``triton`` or ``fla``) pick per step; dv's default is
+triton (timed on the H200: bit for bit fla's numbers, 1.16x a stacked GLA step), the others' fla until they are
+timed there. A run records ``gla_dv`` / ``gla_dqkg`` / ``gla_o`` among its kernels when they ran. Imports nothing
+of mixzoo.
 """
 from __future__ import annotations
 
@@ -30,10 +32,10 @@ import os
 
 import torch
 
-from . import GLA_BWD_SWITCHES, switch_error
+from . import GLA_SWITCHES, switch_error
 from ._check import DeviceCheck, interpreting
 
-STEPS = ("dv", "dqkg")
+STEPS = ("dv", "dqkg", "o")
 # the self-check's bound on the norm-relative error against float64: outputs rounded to bfloat16 (about 1e-3)
 # and products of bfloat16-rounded operands, as fla's
 TOLERANCE = 8e-3
@@ -86,12 +88,28 @@ def bwd_dqkg_torch(q, k, v, h, g, do, dh, dq, dk, scale: float, chunk_size: int 
     return tuple(t.reshape(B, NT * BT, H, K)[:, :T] for t in (dq2, dk2, dg))
 
 
+def fwd_o_torch(q, v, g, A, h, scale: float, chunk_size: int = 64, dtype=torch.float32):
+    """o's reference, computed in ``dtype`` with fla's roundings (the decayed queries, the state and the in-chunk
+    scores rounded to the queries' and values' dtypes before their products): q, g (B, T, H, K); v (B, T, H, V);
+    A (B, T, H, BT); h (B, NT, H, K, V) -> (B, T, H, V) in ``dtype``."""
+    B, T, H, K = q.shape
+    V, BT = v.shape[-1], chunk_size
+    NT = -(-T // BT)
+    c = lambda t: _chunks(t, NT, BT)                                         # noqa: E731
+    qg = (c(q).float() * torch.exp2(c(g).float())).to(q.dtype).to(dtype)
+    inter = torch.einsum("bnthk,bnhkv->bnthv", qg, h.to(q.dtype).to(dtype)) * scale
+    tri = torch.ones(BT, BT, dtype=torch.bool, device=q.device).tril()         # [t, s]: s <= t
+    Am = c(A).masked_fill(~tri.view(1, 1, BT, 1, BT), 0.).to(v.dtype).to(dtype)
+    intra = torch.einsum("bnths,bnshv->bnthv", Am, c(v).to(dtype))
+    return (inter + intra).reshape(B, NT * BT, H, V)[:, :T]
+
+
 def impl(step: str) -> str:
-    """The implementation asked for ``step`` (``MIXZOO_GLA_DV``, ``MIXZOO_GLA_DQKG``, validated at the command
-    line): triton or fla, the first of the switch's values by default."""
+    """The implementation asked for ``step`` (``MIXZOO_GLA_DV``, ``MIXZOO_GLA_DQKG``, ``MIXZOO_GLA_O``, validated at
+    the command line): triton or fla, the first of the switch's values by default."""
     var = f"MIXZOO_GLA_{step.upper()}"
-    v = os.environ.get(var) or GLA_BWD_SWITCHES[var][0]
-    if v not in GLA_BWD_SWITCHES[var]:
+    v = os.environ.get(var) or GLA_SWITCHES[var][0]
+    if v not in GLA_SWITCHES[var]:
         raise ValueError(switch_error())
     return v
 
@@ -129,10 +147,26 @@ def takes_dqkg(q, k, v, h, g, do, dh, dq, dk, scale=None, cu_seqlens=None, chunk
                     state_v_first)
 
 
+def takes_o(q, v, g, A, h, scale=None, state_v_first: bool = False, cu_seqlens=None, chunk_size: int = 64,
+            use_graph: bool = False) -> str | None:
+    if g.dtype != torch.float32 or scale is None or use_graph or v.shape[2] != q.shape[2]:
+        return "g not float32, no scale, a graph's padded batch or grouped heads"
+    return _refusal("o", (q, v, g, A, h), q.shape[-1], v.shape[-1], cu_seqlens, chunk_size, state_v_first)
+
+
+def fwd_o(q, v, g, A, h, scale, state_v_first: bool = False, cu_seqlens=None, chunk_size: int = 64,
+          chunk_indices=None, use_graph: bool = False):
+    """fla's ``chunk_gla_fwd_o_gk`` signature, by the kernel (``takes_o`` checked by the caller)."""
+    from . import RAN
+    from . import gla_steps_triton as Kt
+    RAN.add("gla_o")
+    return Kt.fwd_o(q, v, g, A, h, scale, chunk_size)
+
+
 def bwd_dv(k, g, A, do, dh, cu_seqlens=None, chunk_size: int = 64, chunk_indices=None, state_v_first: bool = False):
     """fla's ``chunk_gla_bwd_dv`` signature, by the kernel (``takes_dv`` checked by the caller)."""
     from . import RAN
-    from . import gla_bwd_triton as Kt
+    from . import gla_steps_triton as Kt
     RAN.add("gla_dv")
     return Kt.bwd_dv(k, g, A, do, dh, chunk_size)
 
@@ -141,7 +175,7 @@ def bwd_dqkg(q, k, v, h, g, do, dh, dq, dk, scale=None, state_v_first: bool = Fa
              chunk_size: int = 64, chunk_indices=None):
     """fla's ``chunk_gla_bwd_dqkg`` signature, by the kernel (``takes_dqkg`` checked by the caller)."""
     from . import RAN
-    from . import gla_bwd_triton as Kt
+    from . import gla_steps_triton as Kt
     RAN.add("gla_dqkg")
     return Kt.bwd_dqkg(q, k, v, h, g, do, dh, dq, dk, scale, chunk_size)
 
@@ -157,6 +191,9 @@ def _inputs(step: str, K: int, V: int, BT: int, dt, gen):
     if step == "dv":
         return dict(k=r(B, T, H, K).to(dt), g=g, A=r(B, T, H, BT) * BT ** -0.5, do=r(B, T, H, V).to(dt),
                     dh=r(B, NT, H, K, V))
+    if step == "o":
+        return dict(q=r(B, T, H, K).to(dt), v=r(B, T, H, V).to(dt), g=g, A=r(B, T, H, BT) * BT ** -0.5,
+                    h=r(B, NT, H, K, V).to(dt))
     return dict(q=r(B, T, H, K).to(dt), k=r(B, T, H, K).to(dt), v=r(B, T, H, V).to(dt), h=r(B, NT, H, K, V),
                 g=g, do=r(B, T, H, V).to(dt), dh=r(B, NT, H, K, V), dq=r(B, T, H, K), dk=r(B, T, H, K))
 
@@ -165,7 +202,7 @@ def errors_here(step: str, K: int, V: int, BT: int, device_index: int) -> list[f
     """Norm-relative errors of ``step``'s kernel against its reference in float64 on this device (-1: the
     interpreter) at key and value widths K, V and chunk BT, with bfloat16 inputs and then float32 ones (each of
     dqkg's three outputs)."""
-    from . import gla_bwd_triton as Kt
+    from . import gla_steps_triton as Kt
     dev = torch.device("cuda", device_index) if device_index >= 0 else torch.device("cpu")
     gen = torch.Generator(device="cpu").manual_seed(0)
     out = []
@@ -175,6 +212,9 @@ def errors_here(step: str, K: int, V: int, BT: int, device_index: int) -> list[f
         if step == "dv":
             wants = [bwd_dv_torch(**x, chunk_size=BT, dtype=torch.float64)]
             gots = [Kt.bwd_dv(**d, chunk_size=BT)]
+        elif step == "o":
+            wants = [fwd_o_torch(**x, scale=K ** -0.5, chunk_size=BT, dtype=torch.float64)]
+            gots = [Kt.fwd_o(**d, scale=K ** -0.5, chunk_size=BT)]
         else:
             wants = bwd_dqkg_torch(**x, scale=K ** -0.5, chunk_size=BT, dtype=torch.float64)
             gots = Kt.bwd_dqkg(**d, scale=K ** -0.5, chunk_size=BT)
@@ -206,8 +246,8 @@ def install() -> bool:
     except Exception:
         return False
 
-    class MixzooGlaBwd(fb.BaseBackend):
-        backend_type = "mixzoo_gla_bwd"
+    class MixzooGlaSteps(fb.BaseBackend):
+        backend_type = "mixzoo_gla_steps"
         priority = 6
 
         def chunk_gla_bwd_dv_verifier(self, k, g, A, do, dh, state_v_first=False, cu_seqlens=None,
@@ -229,13 +269,23 @@ def install() -> bool:
             return bwd_dqkg(q, k, v, h, g, do, dh, dq, dk, scale, state_v_first, cu_seqlens, chunk_size,
                             chunk_indices)
 
-    fb.register("gla")(MixzooGlaBwd)
+        def chunk_gla_fwd_o_gk_verifier(self, q, v, g, A, h, scale, state_v_first=False, cu_seqlens=None,
+                                        chunk_size=64, chunk_indices=None, use_graph=False):
+            why = takes_o(q, v, g, A, h, scale, state_v_first, cu_seqlens, chunk_size, use_graph)
+            return why is None, why
+
+        def chunk_gla_fwd_o_gk(self, q, v, g, A, h, scale, state_v_first=False, cu_seqlens=None, chunk_size=64,
+                               chunk_indices=None, use_graph=False):
+            return fwd_o(q, v, g, A, h, scale, state_v_first, cu_seqlens, chunk_size, chunk_indices, use_graph)
+
+    fb.register("gla")(MixzooGlaSteps)
     return True
 
 
 def suffix(K: int, V: int, device_index: int) -> str:
     """The backend-name suffix for GLA's fla path with heads of K, V (fla's chunk of 64) on this device:
-    ``+triton-dv``, ``+triton-dqkg``, ``+triton-dv-dqkg`` for the steps whose kernels take its calls, else ``""``."""
+    ``+triton-`` and the steps whose kernels take its calls (``+triton-dv``, ``+triton-dv-dqkg-o``, ...), else
+    ``""``."""
     if not install():
         return ""
     on = [s for s in STEPS if impl(s) == "triton" and usable(s, K, V, 64, device_index)]

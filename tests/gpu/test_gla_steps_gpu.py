@@ -1,4 +1,4 @@
-"""mixzoo.kernels.gla_bwd on the GPU: two steps of fla's chunked GLA backward (dv; the state's parts of dq, dk
+"""mixzoo.kernels.gla_steps on the GPU: steps of fla's chunked GLA (the output; dv; the state's parts of dq, dk
 and dg) against fla's own kernels and the float64 references, timed side by side at the mad recipe's GLA heads
 (16 heads; keys of 4 and values of 8 zero-padded to 16), one model (batch 128) and six stacked (batch 768) at
 length 1024 and one model at 128; and a GLA layer's output and gradients with them against without."""
@@ -19,6 +19,9 @@ def _inputs(step, B, T, H=16, K=16, V=16, BT=64, seed=0):
     if step == "dv":
         return dict(k=r(B, T, H, K).bfloat16(), g=gc, A=r(B, T, H, BT) * BT ** -0.5, do=r(B, T, H, V).bfloat16(),
                     dh=r(B, NT, H, K, V), chunk_size=BT)
+    if step == "o":
+        return dict(q=r(B, T, H, K).bfloat16(), v=r(B, T, H, V).bfloat16(), g=gc, A=r(B, T, H, BT) * BT ** -0.5,
+                    h=r(B, NT, H, K, V).bfloat16(), scale=0.25, chunk_size=BT)
     return dict(q=r(B, T, H, K).bfloat16(), k=r(B, T, H, K).bfloat16(), v=r(B, T, H, V).bfloat16(),
                 h=r(B, NT, H, K, V), g=gc, do=r(B, T, H, V).bfloat16(), dh=r(B, NT, H, K, V), dq=r(B, T, H, K),
                 dk=r(B, T, H, K), scale=0.25, chunk_size=BT)
@@ -36,15 +39,15 @@ def _ms(fn, iters=20):
     return start.elapsed_time(end) / iters
 
 
-@pytest.mark.parametrize("step", ["dv", "dqkg"])
-def test_gla_bwd_step_against_fla_and_float64_and_timed(monkeypatch, step):
+@pytest.mark.parametrize("step", ["o", "dv", "dqkg"])
+def test_gla_step_against_fla_and_float64_and_timed(monkeypatch, step):
     import fla.ops.gla.chunk as c
 
     from mixzoo.kernels import RAN
-    from mixzoo.kernels import gla_bwd as G
+    from mixzoo.kernels import gla_steps as G
     var = f"MIXZOO_GLA_{step.upper()}"
-    fn = {"dv": c.chunk_gla_bwd_dv, "dqkg": c.chunk_gla_bwd_dqkg}[step]
-    ref = {"dv": G.bwd_dv_torch, "dqkg": G.bwd_dqkg_torch}[step]
+    fn = {"o": c.chunk_gla_fwd_o_gk, "dv": c.chunk_gla_bwd_dv, "dqkg": c.chunk_gla_bwd_dqkg}[step]
+    ref = {"o": G.fwd_o_torch, "dv": G.bwd_dv_torch, "dqkg": G.bwd_dqkg_torch}[step]
     assert G.install() and G.usable(step, 16, 16, 64, torch.cuda.current_device())
     print()
     for B, T in ((128, 1024), (768, 1024), (128, 128)):
@@ -76,7 +79,7 @@ def test_gla_bwd_step_against_fla_and_float64_and_timed(monkeypatch, step):
 
 def test_gla_layer_with_the_kernels(monkeypatch):
     """A GLA layer at the mad recipe (width 128, 16 heads), bf16 autocast, forward and backward with fla's
-    kernels, with mixzoo's dv, and with both of mixzoo's: the same output, gradients within bfloat16's rounding
+    kernels, with mixzoo's dv, and with all three of mixzoo's: the same output, gradients within bfloat16's rounding
     (bit for bit where the kernels are); the backend and the run's kernels say which ran."""
     from mixzoo.kernels import RAN
     from mixzoo.registry import build_mixer, get_mixer, load_builtins
@@ -85,20 +88,21 @@ def test_gla_layer_with_the_kernels(monkeypatch):
     m = build_mixer(get_mixer("gla"), 128, num_heads=16, layer_idx=0, l_max=1024).cuda()
     x = torch.randn(16, 1024, 128, device="cuda")
     res = {}
-    for dv, dqkg in (("fla", "fla"), ("triton", "fla"), ("triton", "triton")):
+    for dv, dqkg, o in (("fla", "fla", "fla"), ("triton", "fla", "fla"), ("triton", "triton", "triton")):
         monkeypatch.setenv("MIXZOO_GLA_DV", dv)
         monkeypatch.setenv("MIXZOO_GLA_DQKG", dqkg)
+        monkeypatch.setenv("MIXZOO_GLA_O", o)
         RAN.clear()
         xi = x.clone().requires_grad_()
         with torch.autocast("cuda", dtype=torch.bfloat16):
             y = m(xi)
         y.float().square().mean().backward()
-        res[(dv, dqkg)] = (m.backend, sorted(r for r in RAN if r.startswith("gla_")), y.detach().float(),
+        res[(dv, dqkg, o)] = (m.backend, sorted(r for r in RAN if r.startswith("gla_")), y.detach().float(),
                            [xi.grad.float()] + [p.grad.float().clone() for p in m.parameters()])
         m.zero_grad()
-    base = res[("fla", "fla")]
-    assert [r[0] for r in res.values()] == ["fla-chunk", "fla-chunk+triton-dv", "fla-chunk+triton-dv-dqkg"]
-    assert [r[1] for r in res.values()] == [[], ["gla_dv"], ["gla_dqkg", "gla_dv"]]
+    base = res[("fla", "fla", "fla")]
+    assert [r[0] for r in res.values()] == ["fla-chunk", "fla-chunk+triton-dv", "fla-chunk+triton-dv-dqkg-o"]
+    assert [r[1] for r in res.values()] == [[], ["gla_dv"], ["gla_dqkg", "gla_dv", "gla_o"]]
     rel = lambda a, b: float((a - b).norm() / b.norm())           # noqa: E731
     for key, (_, _, y, grads) in res.items():
         assert torch.equal(y, base[2])

@@ -1,15 +1,15 @@
-"""mixzoo.kernels.gla_bwd: two steps of fla's chunked GLA backward (the value gradient, dv; the state's parts
-of dq, dk and the log-decays' gradient, dqkg) as Triton kernels, on the CPU in Triton's interpreter with the
-H200's numerics: the references against autograd of a chunk's forward, the kernels against the references in
-float64, bit for bit against fla's own kernels at the same tiles, and taking fla's dispatched calls once
-installed."""
+"""mixzoo.kernels.gla_steps: steps of fla's chunked GLA (the output, o; the value gradient, dv; the state's
+parts of dq, dk and the log-decays' gradient, dqkg) as Triton kernels, on the CPU in Triton's interpreter with the
+H200's numerics: the backward's references against autograd of a chunk's forward, the kernels against the
+references in float64, bit for bit against fla's own kernels at the same tiles, and taking fla's dispatched calls
+once installed."""
 import math
 
 import pytest
 import torch
 from interp import run_interpreted
 
-from mixzoo.kernels import gla_bwd as G
+from mixzoo.kernels import gla_steps as G
 
 
 def test_reference_is_the_gradient_of_the_chunk_output_and_next_state():
@@ -80,8 +80,8 @@ def test_dqkg_reference_is_the_gradient_of_a_chunked_gla_forward():
 
 SCRIPT = r"""
 import fla.ops.gla.chunk as c
-from mixzoo.kernels import RAN, gla_bwd as G
-os.environ["MIXZOO_GLA_DQKG"] = "triton"
+from mixzoo.kernels import RAN, gla_steps as G
+os.environ["MIXZOO_GLA_DQKG"] = os.environ["MIXZOO_GLA_O"] = "triton"
 shapes = ((16, 16, 64), (32, 64, 64), (16, 24, 32))
 out = {"usable": [G.usable(s, 16, 16, 64, -1) for s in G.STEPS],
        "errors": {f"{s} {K}x{V}@{BT}": G.errors_here(s, K, V, BT, -1) for s in G.STEPS for K, V, BT in shapes}}
@@ -100,19 +100,30 @@ fla_q, fla_k, fla_g = torch.empty_like(x["dq"]), torch.empty_like(x["dk"]), torc
 c.chunk_gla_bwd_kernel_inter.fn.fn[(NT, B * H)](x["q"], x["k"], x["v"], x["g"], x["h"], x["do"], x["dh"], x["dq"],
                                                  x["dk"], fla_q, fla_k, fla_g, None, None, 0.25, T, H=H, K=K, V=V,
                                                  BT=BT, BK=16, BV=16, IS_VARLEN=False, STATE_V_FIRST=False)
+hb = x["h"].bfloat16()
+fla_o = torch.zeros_like(x["v"])
+c.chunk_gla_fwd_kernel_o.fn.fn[(NT, B * H)](x["q"], x["v"], x["g"], hb, fla_o, A, None, None, 0.25, T, H=H, HV=H, K=K,
+                                             V=V, BT=BT, BK=16, BV=16, STATE_V_FIRST=False, IS_VARLEN=False)
+o = G.fwd_o(x["q"], x["v"], x["g"], A, hb, 0.25, chunk_size=BT)
 dv = G.bwd_dv(x["k"], x["g"], A, x["do"], x["dh"], chunk_size=BT)
 dqkg = G.bwd_dqkg(**x, scale=0.25, chunk_size=BT)
-out["equal to fla's kernels"] = [torch.equal(dv, fla_dv)] + [torch.equal(a, b) for a, b in zip(dqkg, (fla_q, fla_k, fla_g))]
+out["equal to fla's kernels"] = ([torch.equal(o, fla_o), torch.equal(dv, fla_dv)]
+                                 + [torch.equal(a, b) for a, b in zip(dqkg, (fla_q, fla_k, fla_g))])
 out["installed"] = G.install()
 RAN.clear()
 via_dv = c.chunk_gla_bwd_dv(k=x["k"], g=x["g"], A=A, do=x["do"], dh=x["dh"], chunk_size=BT)
 via = c.chunk_gla_bwd_dqkg(**x, scale=0.25, chunk_size=BT)
-out["dispatched"] = [sorted(RAN), torch.equal(via_dv, dv), all(torch.equal(a, b) for a, b in zip(via, dqkg))]
+via_o = c.chunk_gla_fwd_o_gk(q=x["q"], v=x["v"], g=x["g"], A=A, h=hb, scale=0.25, chunk_size=BT)
+out["dispatched"] = [sorted(RAN), torch.equal(via_dv, dv), all(torch.equal(a, b) for a, b in zip(via, dqkg)),
+                     torch.equal(via_o, o)]
 out["refused"] = [G.takes_dv(x["k"], x["g"], A, x["do"], x["dh"], cu_seqlens=torch.tensor([0, T])),
                   G.takes_dv(x["k"], x["g"], A, x["do"].transpose(1, 2), x["dh"]),
                   G.takes_dqkg(**x, scale=None)]
+out["refused"].append(G.takes_o(x["q"], x["v"], x["g"], A, hb, 0.25, use_graph=True))
 os.environ.pop("MIXZOO_GLA_DQKG")
+os.environ.pop("MIXZOO_GLA_O")
 out["dqkg by default"] = G.takes_dqkg(**x, scale=0.25)
+out["o by default"] = G.takes_o(x["q"], x["v"], x["g"], A, hb, 0.25)
 os.environ["MIXZOO_GLA_DV"] = "fla"
 out["dv switched off"] = G.takes_dv(x["k"], x["g"], A, x["do"], x["dh"])
 print("RESULT", json.dumps(out))
@@ -121,22 +132,24 @@ print("RESULT", json.dumps(out))
 
 def test_the_kernels_in_the_interpreter():
     pytest.importorskip("fla")
-    r = run_interpreted(SCRIPT, drop=("MIXZOO_GLA_DV", "MIXZOO_GLA_DQKG"))
-    assert r["usable"] == [True, True]
+    r = run_interpreted(SCRIPT, drop=("MIXZOO_GLA_DV", "MIXZOO_GLA_DQKG", "MIXZOO_GLA_O"))
+    assert r["usable"] == [True, True, True]
     for case, errs in r["errors"].items():
         half = len(errs) // 2
         bf16, f32 = errs[:half], errs[half:]
         assert max(bf16) < 4e-3, (case, bf16)     # bfloat16 outputs (dv) and bfloat16-rounded operands (fla's precision)
         assert max(f32) < 2e-3, (case, f32)       # float32 inputs: the tensor-core products in TF32
-    assert r["equal to fla's kernels"] == [True, True, True, True], r
-    assert r["installed"] is True and r["dispatched"] == [["gla_dqkg", "gla_dv"], True, True], r
+    assert r["equal to fla's kernels"] == [True] * 5, r
+    assert r["installed"] is True and r["dispatched"] == [["gla_dqkg", "gla_dv", "gla_o"], True, True, True], r
     assert r["refused"][0].startswith("fixed-length") and r["refused"][1].startswith("non-contiguous"), r
     assert r["refused"][2].startswith("g not float32, or no scale"), r
-    assert r["dqkg by default"] == "MIXZOO_GLA_DQKG=fla"
+    assert r["refused"][3].startswith("g not float32, no scale, a graph"), r
+    assert r["dqkg by default"] == "MIXZOO_GLA_DQKG=fla" and r["o by default"] == "MIXZOO_GLA_O=fla"
     assert r["dv switched off"] == "MIXZOO_GLA_DV=fla"
 
 
-@pytest.mark.parametrize("var,allowed", [("MIXZOO_GLA_DV", "triton, fla"), ("MIXZOO_GLA_DQKG", "fla, triton")])
+@pytest.mark.parametrize("var,allowed", [("MIXZOO_GLA_DV", "triton, fla"), ("MIXZOO_GLA_DQKG", "fla, triton"),
+                                         ("MIXZOO_GLA_O", "fla, triton")])
 def test_a_wrong_switch_is_refused_at_the_command_line(tmp_path, capsys, monkeypatch, var, allowed):
     from mixzoo.cli import main
     monkeypatch.setenv(var, "cuda")

@@ -1,17 +1,21 @@
-"""The Triton kernels behind ``mixzoo.kernels.gla_bwd`` (imported only when they are to run): two steps of
-fla's chunked GLA backward with tiles as narrow as the heads.
+"""The Triton kernels behind ``mixzoo.kernels.gla_steps`` (imported only when they are to run): steps of fla's
+chunked GLA with tiles as narrow as the heads.
 
 One program per (chunk, sequence x head) holds the whole value head and key head in one tile each, padded only
 to the next power of two of at least 16 (``tl.dot``'s least): at the mad recipe's GLA (keys of 4 and values of
 8 per head, zero-padded to 16 by mixzoo before fla) the tiles are 16 wide, where fla's own kernels take value
-tiles of at least 64 and key tiles of at least 32 on Hopper (``BV_LIST``, ``BK_LIST``).
+tiles of at least 64 and key tiles of at least 32 on Hopper (``BV_LIST``, ``BK_LIST``). Each computes what fla's
+kernel computes, with the same products and sums in the same order (fla's loops over key or value tiles have
+one pass here):
 
-``_dv_kernel`` (fla's ``chunk_gla_bwd_kernel_dv``): the in-chunk scores A (float32) against the output gradient
-in full float32 (``input_precision="ieee"``, no TF32, as fla), the decayed keys and the state gradient rounded to
-the keys' dtype for the tensor cores with float32 accumulation. ``_dqkg_kernel`` (fla's
-``chunk_gla_bwd_kernel_inter``): the state's parts of dq, dk and the log-decays' gradient, the same products and
-sums in the same order as fla's (its value loop has one pass here): the output gradient against the state and the
-values against the state gradient in the inputs' dtype with float32 accumulation, everything else float32."""
+- ``_dv_kernel`` (fla's ``chunk_gla_bwd_kernel_dv``): the in-chunk scores A (float32) against the output
+  gradient in full float32 (``input_precision="ieee"``, no TF32, as fla), the decayed keys and the state gradient
+  rounded to the keys' dtype for the tensor cores with float32 accumulation.
+- ``_dqkg_kernel`` (fla's ``chunk_gla_bwd_kernel_inter``): the state's parts of dq, dk and the log-decays'
+  gradient: the output gradient against the state and the values against the state gradient in the inputs' dtype
+  with float32 accumulation, everything else float32.
+- ``_o_kernel`` (fla's ``chunk_gla_fwd_kernel_o``): the output, the decayed queries against the state plus the
+  in-chunk scores (rounded to the values' dtype) against the values, float32 accumulation."""
 from __future__ import annotations
 
 import torch
@@ -97,6 +101,37 @@ def _dqkg_kernel(q, k, v, g, h, do, dh, dq, dk, dq2, dk2, dg, scale, T, H: tl.co
     tl.store(dg + row[:, None] * K + o_k[None, :], b_dg.to(dg.dtype.element_ty), mask=m_tk)
 
 
+@triton.jit
+def _o_kernel(q, v, g, h, A, o, scale, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
+              BK: tl.constexpr, BV: tl.constexpr):
+    i_t = tl.program_id(0)
+    i_bh = tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    NT = tl.cdiv(T, BT)
+    o_t = i_t * BT + tl.arange(0, BT)
+    o_i = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_v = tl.arange(0, BV)
+    m_t = o_t < T
+    m_k = o_k < K
+    m_v = o_v < V
+    m_tk = m_t[:, None] & m_k[None, :]
+    m_tv = m_t[:, None] & m_v[None, :]
+    row = (i_b * T + o_t.to(tl.int64)) * H + i_h                   # (sequence, position, head) rows
+    state = ((i_b * NT + i_t) * H + i_h) * K * V                  # this chunk's (K, V) state
+    b_q = tl.load(q + row[:, None] * K + o_k[None, :], mask=m_tk, other=0.)
+    b_g = tl.load(g + row[:, None] * K + o_k[None, :], mask=m_tk, other=0.).to(tl.float32)
+    b_qg = (b_q * tl.exp2(b_g)).to(b_q.dtype)
+    b_h = tl.load(h + state + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
+    b_o = tl.dot(b_qg, b_h.to(b_qg.dtype))
+    b_o *= scale
+    b_v = tl.load(v + row[:, None] * V + o_v[None, :], mask=m_tv, other=0.)
+    b_A = tl.load(A + row[:, None] * BT + o_i[None, :], mask=m_t[:, None], other=0.)
+    b_A = tl.where(o_i[:, None] >= o_i[None, :], b_A, 0.).to(b_v.dtype)
+    b_o = tl.dot(b_A, b_v, b_o)
+    tl.store(o + row[:, None] * V + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_tv)
+
+
 def _tile(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
@@ -125,3 +160,14 @@ def bwd_dqkg(q, k, v, h, g, do, dh, dq, dk, scale: float, chunk_size: int = 64):
     _dqkg_kernel[grid](q, k, v, g, h, do, dh, dq, dk, dq2, dk2, dg, scale, T, H=H, K=K, V=V, BT=chunk_size,
                        BK=_tile(K), BV=_tile(V), num_warps=4)
     return dq2, dk2, dg
+
+
+def fwd_o(q, v, g, A, h, scale: float, chunk_size: int = 64):
+    """q, g (B, T, H, K), g float32 chunk-local cumulative log2-decays; v (B, T, H, V); A (B, T, H, BT) the in-chunk
+    scores; h (B, NT, H, K, V) the states entering the chunks -> o (B, T, H, V) in v's dtype. Contiguous inputs."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    o = torch.empty_like(v)
+    grid = (triton.cdiv(T, chunk_size), B * H)
+    _o_kernel[grid](q, v, g, h, A, o, scale, T, H=H, K=K, V=V, BT=chunk_size, BK=_tile(K), BV=_tile(V), num_warps=4)
+    return o
