@@ -68,16 +68,21 @@ def main(argv=None) -> int:
                 if tiles is not None:
                     mod.DZ_BT, mod.BC, mod.DZ_WARPS, mod.TB = tiles
                     assert mod.TB % 32 == 0 and mod.TB % mod.DZ_BT == 0, tiles
-                try:
-                    dx, dw, db = mod.backward(x, w, b, True, dy)
-                    dx1, dw1, db1 = mod.backward(x[:n].contiguous(), w, b, True, dy[:n].contiguous())
-                    errs = [float((got.double() - ref).norm() / ref.norm()) for got, ref in zip((dx1, dw1, db1), wants)]
-                    t = _ms(lambda mod=mod, x=x, w=w, b=b, dy=dy: mod.backward(x, w, b, True, dy))
-                    r = dict(B=B, T=T, C=C, version=label, tiles=tiles, ms=t, errors=errs)
-                except Exception as e:        # a tiling this GPU cannot run: named, the others still timed
-                    r = dict(B=B, T=T, C=C, version=label, tiles=tiles, error=f"{type(e).__name__}: {e}"[:300])
-                rows.append(r)
-                print(json.dumps(r), flush=True)
+                # the two passes, and (this file's) the one pass, which must give the two passes' numbers
+                fns = {label: mod.backward} | ({f"{label}, one pass": mod.backward_fused}
+                                               if hasattr(mod, "backward_fused") else {})
+                for name, fn in fns.items():
+                    try:
+                        dx1, dw1, db1 = fn(x[:n].contiguous(), w, b, True, dy[:n].contiguous())
+                        errs = [float((got.double() - ref).norm() / ref.norm())
+                                for got, ref in zip((dx1, dw1, db1), wants)]
+                        same = [bool(torch.equal(p, q)) for p, q in zip(fn(x, w, b, True, dy), mod.backward(x, w, b, True, dy))]
+                        t = _ms(lambda fn=fn, x=x, w=w, b=b, dy=dy: fn(x, w, b, True, dy))
+                        r = dict(B=B, T=T, C=C, version=name, tiles=tiles, ms=t, errors=errs, same_as_two_passes=same)
+                    except Exception as e:        # a tiling this GPU cannot run: named, the others still timed
+                        r = dict(B=B, T=T, C=C, version=name, tiles=tiles, error=f"{type(e).__name__}: {e}"[:300])
+                    rows.append(r)
+                    print(json.dumps(r), flush=True)
         new.DZ_BT, new.BC, new.DZ_WARPS, new.TB = default
     if a.out:
         Path(a.out).write_text(json.dumps(dict(device=torch.cuda.get_device_name(), rows=rows), indent=1))

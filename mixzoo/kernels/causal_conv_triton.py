@@ -103,6 +103,57 @@ def _dx_kernel(dz, w, dx, T, C, W: tl.constexpr, BT: tl.constexpr, BC: tl.conste
         tl.store(dx + base + t.to(tl.int64)[:, None] * C + c[None, :], acc.to(dx.dtype.element_ty), mask=m)
 
 
+@triton.jit
+def _dz_block(x, w3, bv, dy, base, t, T, C, c, mc, mw, jj, W: tl.constexpr, SILU: tl.constexpr):
+    """dz at positions t (BT,) of one block, and the (BW, BT, BC) windows of x it was computed from: what
+    ``_dz_kernel`` computes per block, in the same operations."""
+    m = (t < T)[:, None] & mc[None, :]
+    tt = t[None, :, None] - (W - 1) + jj[:, None, None]
+    mx = (tt >= 0) & (tt < T) & mw[:, None, :]
+    xs = tl.load(x + base + tt.to(tl.int64) * C + c[None, None, :], mask=mx, other=0.).to(tl.float32)
+    g = tl.load(dy + base + t.to(tl.int64)[:, None] * C + c[None, :], mask=m, other=0.).to(tl.float32)
+    if SILU:
+        z = tl.sum(xs * w3, axis=0) + bv[None, :]
+        s = tl.sigmoid(z)
+        g = g * (s + z * s * (1. - s))
+    return tl.where(m, g, 0.), xs
+
+
+@triton.jit
+def _dzdx_kernel(x, w, bias, dy, dx, dwp, dbp, T, C, W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+                 BT: tl.constexpr, BC: tl.constexpr, BW: tl.constexpr, TB: tl.constexpr):
+    """The backward in one pass, dz never written: per block, dz at the block's positions (for dw, db) and at
+    the W - 1 positions after each (recomputed from x and dy, which the cache holds), and dx[t] = sum_j w_j
+    dz[t + W - 1 - j]. The same operations in the same order as ``_dz_kernel`` then ``_dx_kernel``, so the same
+    numbers; it reads x and dy and writes dx (the two passes also write dz in float32 and read it back)."""
+    b, cb, tb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    c = cb * BC + tl.arange(0, BC)
+    mc = c < C
+    base = b.to(tl.int64) * T * C
+    jj = tl.arange(0, BW)
+    mw = (jj < W)[:, None] & mc[None, :]
+    w3 = tl.load(w + c[None, :] * W + jj[:, None], mask=mw, other=0.).to(tl.float32)[:, None, :]    # (BW, 1, BC)
+    bv = tl.zeros([BC], tl.float32)
+    if HAS_BIAS:
+        bv += tl.load(bias + c, mask=mc, other=0.).to(tl.float32)
+    dbs = tl.zeros([BT, BC], tl.float32)
+    dws = tl.zeros([BW, BT, BC], tl.float32)
+    for t0 in tl.range(tb * TB, tb * TB + TB, BT):
+        t = t0 + tl.arange(0, BT)
+        acc = tl.zeros([BT, BC], tl.float32)
+        for j in tl.static_range(W):
+            g, xs = _dz_block(x, w3, bv, dy, base, t + (W - 1) - j, T, C, c, mc, mw, jj, W, SILU)
+            acc += g * tl.load(w + c * W + j, mask=mc, other=0.).to(tl.float32)[None, :]
+            if j == W - 1:                       # the block's own positions
+                dbs += g
+                dws += xs * g[None, :, :]
+        m = (t < T)[:, None] & mc[None, :]
+        tl.store(dx + base + t.to(tl.int64)[:, None] * C + c[None, :], acc.to(dx.dtype.element_ty), mask=m)
+    part = b.to(tl.int64) * tl.num_programs(2) + tb
+    tl.store(dbp + part * C + c, tl.sum(dbs, axis=0), mask=mc)
+    tl.store(dwp + (part * W + jj[:, None]) * C + c[None, :], tl.sum(dws, axis=1), mask=mw)
+
+
 BT, BC = 32, 64
 # the weight-gradient pass holds W windows of x and their sums with dz, (BW, DZ_BT, BC) each: at 8 positions
 # and 2 warps ptxas gives sm_90a 128 registers and no spills (16 positions and 4 warps: 225)
@@ -137,6 +188,24 @@ def backward(x, w, bias, silu: bool, dy):
                          HAS_BIAS=bias is not None, SILU=silu, BT=DZ_BT, BC=BC, BW=triton.next_power_of_2(W),
                          num_warps=DZ_WARPS, TB=TB)
         _dx_kernel[grid](dz, w, dx, T, C, W=W, BT=BT, BC=BC, TB=TB)
+    else:
+        dwp.zero_()
+        dbp.zero_()
+    return dx, dwp.sum(0).t().contiguous(), (dbp.sum(0) if bias is not None else None)
+
+
+def backward_fused(x, w, bias, silu: bool, dy):
+    """``backward``'s numbers in one pass (``_dzdx_kernel``), to be timed against it (benchmarks/conv_tiles.py)."""
+    B, T, C = x.shape
+    W = w.shape[1]
+    grid = _grid(B, T, C)
+    dwp = torch.empty(B * grid[2], W, C, dtype=torch.float32, device=x.device)
+    dbp = torch.empty(B * grid[2], C, dtype=torch.float32, device=x.device)
+    dx = torch.empty_like(x)
+    if B and T and C:
+        _dzdx_kernel[grid](x, w, bias if bias is not None else w, dy, dx, dwp, dbp, T, C, W=W,
+                           HAS_BIAS=bias is not None, SILU=silu, BT=DZ_BT, BC=BC, BW=triton.next_power_of_2(W),
+                           num_warps=DZ_WARPS, TB=TB)
     else:
         dwp.zero_()
         dbp.zero_()
