@@ -132,6 +132,12 @@ def _o_kernel(q, v, g, h, A, o, scale, T, H: tl.constexpr, K: tl.constexpr, V: t
     tl.store(o + row[:, None] * V + o_v[None, :], b_o.to(o.dtype.element_ty), mask=m_tv)
 
 
+# the dv kernel's warps: at 4 (timed on the H200, 2026-12-03) ptxas gives sm_90a 255 registers and 124 bytes of
+# spills at the mad recipe's heads, at 8 172 registers and none (not yet timed: tests/gpu/test_gla_steps_gpu.py
+# prints both)
+DV_WARPS = 4
+
+
 def _tile(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
@@ -145,7 +151,7 @@ def bwd_dv(k: torch.Tensor, g: torch.Tensor, A: torch.Tensor, do: torch.Tensor, 
     dv = torch.empty_like(do)
     grid = (triton.cdiv(T, chunk_size), B * H)
     _dv_kernel[grid](k, g, A, do, dh, dv, T, H=H, K=K, V=V, BT=chunk_size, BK=_tile(K), BV=_tile(V),
-                     num_warps=4)
+                     num_warps=DV_WARPS)
     return dv
 
 

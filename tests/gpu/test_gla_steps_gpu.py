@@ -75,6 +75,13 @@ def test_gla_step_against_fla_and_float64_and_timed(monkeypatch, step):
         assert max(diff) < 2e-3
         if T == 1024:
             assert t_ours < t_fla
+        if step == "dv":                 # its warps: 4 (the default) against 8 (no register spills)
+            from mixzoo.kernels import gla_steps_triton as Kt
+            monkeypatch.setattr(Kt, "DV_WARPS", 8)
+            t8 = _ms(lambda x=x: fn(**x))
+            assert torch.equal(fn(**x), ours[0])
+            monkeypatch.setattr(Kt, "DV_WARPS", 4)
+            print(f"gla dv B={B} T={T}: 4 warps {t_ours:.3f} ms, 8 warps {t8:.3f} ms")
 
 
 def test_gla_layer_with_the_kernels(monkeypatch):
