@@ -79,7 +79,7 @@ def test_gla_step_against_fla_and_float64_and_timed(monkeypatch, step):
             from mixzoo.kernels import gla_steps_triton as Kt
             monkeypatch.setattr(Kt, "DV_WARPS", 8)
             t8 = _ms(lambda x=x: fn(**x))
-            assert torch.equal(fn(**x), ours[0])
+            assert rel(fn(**x), ours[0]) < 1e-3          # the same sums (bfloat16 output)
             monkeypatch.setattr(Kt, "DV_WARPS", 4)
             print(f"gla dv B={B} T={T}: 4 warps {t_ours:.3f} ms, 8 warps {t8:.3f} ms")
 
