@@ -26,16 +26,10 @@ def _load(path: str, name: str):
     return mod
 
 
-def _ms(fn, iters: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
+def _ms(fn) -> float:
+    """Median milliseconds of ``fn()`` on the device (triton.testing.do_bench: warm-up, then timed repeats)."""
+    import triton.testing
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
 def main(argv=None) -> int:

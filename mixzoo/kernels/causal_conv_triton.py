@@ -45,6 +45,46 @@ def _fwd_kernel(x, w, bias, y, T, C, W: tl.constexpr, HAS_BIAS: tl.constexpr, SI
 
 
 @triton.jit
+def _grad_setup(w, bias, T, C, W: tl.constexpr, HAS_BIAS: tl.constexpr, BC: tl.constexpr, BW: tl.constexpr):
+    """The program's (sequence, span), its channels and their mask, the sequence's offset, the window index and
+    mask, the weight as a (BW, 1, BC) float32 tile and the bias (zeros without one)."""
+    b, cb, tb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    c = cb * BC + tl.arange(0, BC)
+    mc = c < C
+    jj = tl.arange(0, BW)
+    mw = (jj < W)[:, None] & mc[None, :]
+    w3 = tl.load(w + c[None, :] * W + jj[:, None], mask=mw, other=0.).to(tl.float32)[:, None, :]
+    bv = tl.zeros([BC], tl.float32)
+    if HAS_BIAS:
+        bv += tl.load(bias + c, mask=mc, other=0.).to(tl.float32)
+    return b, tb, c, mc, b.to(tl.int64) * T * C, jj, mw, w3, bv
+
+
+@triton.jit
+def _store_partials(dwp, dbp, dws, dbs, b, tb, C, c, mc, jj, mw, W: tl.constexpr):
+    """The span's sums over its positions of dz x (dw, from (BW, BT, BC) elementwise sums) and of dz (db)."""
+    part = b.to(tl.int64) * tl.num_programs(2) + tb
+    tl.store(dbp + part * C + c, tl.sum(dbs, axis=0), mask=mc)
+    tl.store(dwp + (part * W + jj[:, None]) * C + c[None, :], tl.sum(dws, axis=1), mask=mw)
+
+
+@triton.jit
+def _dz_block(x, w3, bv, dy, base, t, T, C, c, mc, mw, jj, W: tl.constexpr, SILU: tl.constexpr):
+    """dz = dy silu'(z) at positions t (BT,) of one block (z recomputed; zero beyond the sequence), and the
+    (BW, BT, BC) windows of x it was computed from (x at t - (W - 1) + j)."""
+    m = (t < T)[:, None] & mc[None, :]
+    tt = t[None, :, None] - (W - 1) + jj[:, None, None]
+    mx = (tt >= 0) & (tt < T) & mw[:, None, :]
+    xs = tl.load(x + base + tt.to(tl.int64) * C + c[None, None, :], mask=mx, other=0.).to(tl.float32)
+    g = tl.load(dy + base + t.to(tl.int64)[:, None] * C + c[None, :], mask=m, other=0.).to(tl.float32)
+    if SILU:
+        z = tl.sum(xs * w3, axis=0) + bv[None, :]
+        s = tl.sigmoid(z)
+        g = g * (s + z * s * (1. - s))
+    return tl.where(m, g, 0.), xs
+
+
+@triton.jit
 def _dz_kernel(x, w, bias, dy, dz, dwp, dbp, T, C, W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
                BT: tl.constexpr, BC: tl.constexpr, BW: tl.constexpr, TB: tl.constexpr):
     """dz = dy silu'(z) (z recomputed), and per (sequence, span) the sums over positions of dz x (dw) and dz
@@ -52,36 +92,16 @@ def _dz_kernel(x, w, bias, dy, dz, dwp, dbp, T, C, W: tl.constexpr, HAS_BIAS: tl
     The W shifted windows of x are one (BW, BT, BC) tile per block of positions, used for z and for dw; dw and
     db are summed elementwise over the blocks and over the positions once at the end (summing each block's rows,
     W + 1 times, cost 14 % of the backward at 768 x 1024 x 384 on the H200)."""
-    b, cb, tb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    c = cb * BC + tl.arange(0, BC)
-    mc = c < C
-    base = b.to(tl.int64) * T * C
-    jj = tl.arange(0, BW)
-    mw = (jj < W)[:, None] & mc[None, :]
-    w3 = tl.load(w + c[None, :] * W + jj[:, None], mask=mw, other=0.).to(tl.float32)[:, None, :]    # (BW, 1, BC)
-    bv = tl.zeros([BC], tl.float32)
-    if HAS_BIAS:
-        bv += tl.load(bias + c, mask=mc, other=0.).to(tl.float32)
+    b, tb, c, mc, base, jj, mw, w3, bv = _grad_setup(w, bias, T, C, W, HAS_BIAS, BC, BW)
     dbs = tl.zeros([BT, BC], tl.float32)
     dws = tl.zeros([BW, BT, BC], tl.float32)           # dw[j, c] = sum_t dz[t, c] x[t - (W - 1) + j, c]
     for t0 in tl.range(tb * TB, tb * TB + TB, BT):
         t = t0 + tl.arange(0, BT)
-        m = (t < T)[:, None] & mc[None, :]
-        tt = t[None, :, None] - (W - 1) + jj[:, None, None]                                      # (BW, BT, 1)
-        mx = (tt >= 0) & (tt < T) & mw[:, None, :]
-        xs = tl.load(x + base + tt.to(tl.int64) * C + c[None, None, :], mask=mx, other=0.).to(tl.float32)
-        g = tl.load(dy + base + t.to(tl.int64)[:, None] * C + c[None, :], mask=m, other=0.).to(tl.float32)
-        if SILU:
-            z = tl.sum(xs * w3, axis=0) + bv[None, :]
-            s = tl.sigmoid(z)
-            g = g * (s + z * s * (1. - s))
-        g = tl.where(m, g, 0.)
-        tl.store(dz + base + t.to(tl.int64)[:, None] * C + c[None, :], g, mask=m)
+        g, xs = _dz_block(x, w3, bv, dy, base, t, T, C, c, mc, mw, jj, W, SILU)
+        tl.store(dz + base + t.to(tl.int64)[:, None] * C + c[None, :], g, mask=(t < T)[:, None] & mc[None, :])
         dbs += g
         dws += xs * g[None, :, :]
-    part = b.to(tl.int64) * tl.num_programs(2) + tb
-    tl.store(dbp + part * C + c, tl.sum(dbs, axis=0), mask=mc)
-    tl.store(dwp + (part * W + jj[:, None]) * C + c[None, :], tl.sum(dws, axis=1), mask=mw)
+    _store_partials(dwp, dbp, dws, dbs, b, tb, C, c, mc, jj, mw, W)
 
 
 @triton.jit
@@ -104,38 +124,13 @@ def _dx_kernel(dz, w, dx, T, C, W: tl.constexpr, BT: tl.constexpr, BC: tl.conste
 
 
 @triton.jit
-def _dz_block(x, w3, bv, dy, base, t, T, C, c, mc, mw, jj, W: tl.constexpr, SILU: tl.constexpr):
-    """dz at positions t (BT,) of one block, and the (BW, BT, BC) windows of x it was computed from: what
-    ``_dz_kernel`` computes per block, in the same operations."""
-    m = (t < T)[:, None] & mc[None, :]
-    tt = t[None, :, None] - (W - 1) + jj[:, None, None]
-    mx = (tt >= 0) & (tt < T) & mw[:, None, :]
-    xs = tl.load(x + base + tt.to(tl.int64) * C + c[None, None, :], mask=mx, other=0.).to(tl.float32)
-    g = tl.load(dy + base + t.to(tl.int64)[:, None] * C + c[None, :], mask=m, other=0.).to(tl.float32)
-    if SILU:
-        z = tl.sum(xs * w3, axis=0) + bv[None, :]
-        s = tl.sigmoid(z)
-        g = g * (s + z * s * (1. - s))
-    return tl.where(m, g, 0.), xs
-
-
-@triton.jit
 def _dzdx_kernel(x, w, bias, dy, dx, dwp, dbp, T, C, W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
                  BT: tl.constexpr, BC: tl.constexpr, BW: tl.constexpr, TB: tl.constexpr):
     """The backward in one pass, dz never written: per block, dz at the block's positions (for dw, db) and at
     the W - 1 positions after each (recomputed from x and dy, which the cache holds), and dx[t] = sum_j w_j
     dz[t + W - 1 - j]. The same operations in the same order as ``_dz_kernel`` then ``_dx_kernel``, so the same
     numbers; it reads x and dy and writes dx (the two passes also write dz in float32 and read it back)."""
-    b, cb, tb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    c = cb * BC + tl.arange(0, BC)
-    mc = c < C
-    base = b.to(tl.int64) * T * C
-    jj = tl.arange(0, BW)
-    mw = (jj < W)[:, None] & mc[None, :]
-    w3 = tl.load(w + c[None, :] * W + jj[:, None], mask=mw, other=0.).to(tl.float32)[:, None, :]    # (BW, 1, BC)
-    bv = tl.zeros([BC], tl.float32)
-    if HAS_BIAS:
-        bv += tl.load(bias + c, mask=mc, other=0.).to(tl.float32)
+    b, tb, c, mc, base, jj, mw, w3, bv = _grad_setup(w, bias, T, C, W, HAS_BIAS, BC, BW)
     dbs = tl.zeros([BT, BC], tl.float32)
     dws = tl.zeros([BW, BT, BC], tl.float32)
     for t0 in tl.range(tb * TB, tb * TB + TB, BT):
@@ -149,9 +144,7 @@ def _dzdx_kernel(x, w, bias, dy, dx, dwp, dbp, T, C, W: tl.constexpr, HAS_BIAS: 
                 dws += xs * g[None, :, :]
         m = (t < T)[:, None] & mc[None, :]
         tl.store(dx + base + t.to(tl.int64)[:, None] * C + c[None, :], acc.to(dx.dtype.element_ty), mask=m)
-    part = b.to(tl.int64) * tl.num_programs(2) + tb
-    tl.store(dbp + part * C + c, tl.sum(dbs, axis=0), mask=mc)
-    tl.store(dwp + (part * W + jj[:, None]) * C + c[None, :], tl.sum(dws, axis=1), mask=mw)
+    _store_partials(dwp, dbp, dws, dbs, b, tb, C, c, mc, jj, mw, W)
 
 
 BT, BC = 32, 64

@@ -24,20 +24,29 @@ import triton.language as tl
 
 
 @triton.jit
-def _dv_kernel(k, g, A, do, dh, dv, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-               BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+def _chunk(T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
+           BV: tl.constexpr):
+    """This program's chunk of (sequence, head): the chunk's index, its positions' (sequence, position, head)
+    rows and their mask, the key and value columns and masks, the row of the chunk's last position, and the offset
+    of its (K, V) state."""
     i_t = tl.program_id(0)
     i_bh = tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     NT = tl.cdiv(T, BT)
-    o_t = i_t * BT + tl.arange(0, BT)           # the chunk's positions (rows t of A, and s)
-    o_s = tl.arange(0, BT)                      # a key's place in the chunk (A's last dimension)
+    o_t = i_t * BT + tl.arange(0, BT)
     o_k = tl.arange(0, BK)
     o_v = tl.arange(0, BV)
-    m_t = o_t < T
-    m_k = o_k < K
-    m_v = o_v < V
-    row = (i_b * T + o_t.to(tl.int64)) * H + i_h                  # (sequence, position, head) rows
+    row = (i_b * T + o_t.to(tl.int64)) * H + i_h
+    last = (i_b * T + tl.minimum(i_t * BT + BT, T) - 1) * H + i_h
+    state = ((i_b * NT + i_t) * H + i_h) * K * V
+    return row, o_t < T, o_k, o_k < K, o_v, o_v < V, last, state
+
+
+@triton.jit
+def _dv_kernel(k, g, A, do, dh, dv, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+               BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    row, m_t, o_k, m_k, o_v, m_v, last, state = _chunk(T, H, K, V, BT, BK, BV)
+    o_s = tl.arange(0, BT)                      # a key's place in the chunk (A's last dimension)
     # A[t, s]: query t's score for key s of its chunk, s <= t; dv_s = sum_t A[t, s] do_t
     b_A = tl.load(A + row[:, None] * BT + o_s[None, :], mask=m_t[:, None], other=0.)
     b_A = tl.where(o_s[None, :] <= tl.arange(0, BT)[:, None], b_A, 0.)
@@ -47,11 +56,9 @@ def _dv_kernel(k, g, A, do, dh, dv, T, H: tl.constexpr, K: tl.constexpr, V: tl.c
     m_tk = m_t[:, None] & m_k[None, :]
     b_k = tl.load(k + row[:, None] * K + o_k[None, :], mask=m_tk, other=0.)
     b_g = tl.load(g + row[:, None] * K + o_k[None, :], mask=m_tk, other=0.)
-    last = (i_b * T + tl.minimum(i_t * BT + BT, T) - 1) * H + i_h
     b_gn = tl.load(g + last * K + o_k, mask=m_k, other=0.)
     b_kd = (b_k.to(tl.float32) * tl.exp2(b_gn[None, :] - b_g)).to(k.dtype.element_ty)
-    b_dh = tl.load(dh + ((i_b * NT + i_t) * H + i_h) * K * V + o_k[:, None] * V + o_v[None, :],
-                   mask=m_k[:, None] & m_v[None, :], other=0.)
+    b_dh = tl.load(dh + state + o_k[:, None] * V + o_v[None, :], mask=m_k[:, None] & m_v[None, :], other=0.)
     b_dv += tl.dot(b_kd, b_dh.to(k.dtype.element_ty))
     tl.store(dv + row[:, None] * V + o_v[None, :], b_dv.to(dv.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
 
@@ -59,21 +66,9 @@ def _dv_kernel(k, g, A, do, dh, dv, T, H: tl.constexpr, K: tl.constexpr, V: tl.c
 @triton.jit
 def _dqkg_kernel(q, k, v, g, h, do, dh, dq, dk, dq2, dk2, dg, scale, T, H: tl.constexpr, K: tl.constexpr,
                  V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
-    i_t = tl.program_id(0)
-    i_bh = tl.program_id(1).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
-    NT = tl.cdiv(T, BT)
-    o_t = i_t * BT + tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
-    o_v = tl.arange(0, BV)
-    m_t = o_t < T
-    m_k = o_k < K
-    m_v = o_v < V
+    row, m_t, o_k, m_k, o_v, m_v, last, state = _chunk(T, H, K, V, BT, BK, BV)
     m_tk = m_t[:, None] & m_k[None, :]
     m_tv = m_t[:, None] & m_v[None, :]
-    row = (i_b * T + o_t.to(tl.int64)) * H + i_h                   # (sequence, position, head) rows
-    last = (i_b * T + tl.minimum(i_t * BT + BT, T) - 1) * H + i_h
-    state = ((i_b * NT + i_t) * H + i_h) * K * V                  # this chunk's (K, V) state
     b_gk = tl.load(g + row[:, None] * K + o_k[None, :], mask=m_tk, other=0.)
     b_gn = tl.load(g + last * K + o_k, mask=m_k, other=0.)
     b_v = tl.load(v + row[:, None] * V + o_v[None, :], mask=m_tv, other=0.)
@@ -104,21 +99,10 @@ def _dqkg_kernel(q, k, v, g, h, do, dh, dq, dk, dq2, dk2, dg, scale, T, H: tl.co
 @triton.jit
 def _o_kernel(q, v, g, h, A, o, scale, T, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr,
               BK: tl.constexpr, BV: tl.constexpr):
-    i_t = tl.program_id(0)
-    i_bh = tl.program_id(1).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
-    NT = tl.cdiv(T, BT)
-    o_t = i_t * BT + tl.arange(0, BT)
+    row, m_t, o_k, m_k, o_v, m_v, last, state = _chunk(T, H, K, V, BT, BK, BV)
     o_i = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
-    o_v = tl.arange(0, BV)
-    m_t = o_t < T
-    m_k = o_k < K
-    m_v = o_v < V
     m_tk = m_t[:, None] & m_k[None, :]
     m_tv = m_t[:, None] & m_v[None, :]
-    row = (i_b * T + o_t.to(tl.int64)) * H + i_h                   # (sequence, position, head) rows
-    state = ((i_b * NT + i_t) * H + i_h) * K * V                  # this chunk's (K, V) state
     b_q = tl.load(q + row[:, None] * K + o_k[None, :], mask=m_tk, other=0.)
     b_g = tl.load(g + row[:, None] * K + o_k[None, :], mask=m_tk, other=0.).to(tl.float32)
     b_qg = (b_q * tl.exp2(b_g)).to(b_q.dtype)

@@ -27,16 +27,10 @@ def _inputs(step, B, T, H=16, K=16, V=16, BT=64, seed=0):
                 dk=r(B, T, H, K), scale=0.25, chunk_size=BT)
 
 
-def _ms(fn, iters=20):
-    for _ in range(3):
-        fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / iters
+def _ms(fn) -> float:
+    """Median milliseconds of ``fn()`` on the device (triton.testing.do_bench: warm-up, then timed repeats)."""
+    import triton.testing
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
 
 
 @pytest.mark.parametrize("step", ["o", "dv", "dqkg"])
