@@ -154,8 +154,14 @@ DZ_BT, DZ_WARPS = 8, 2
 TB = 128               # positions per program (a multiple of BT and DZ_BT)
 
 
+def _span(T: int) -> int:
+    """Positions per program for sequences of length T: TB, or for shorter sequences the least multiple of 32 (a
+    multiple of BT and DZ_BT) that holds them, so that a program walks no block wholly past the sequence."""
+    return min(TB, 32 * triton.cdiv(T, 32))
+
+
 def _grid(B: int, T: int, C: int) -> tuple[int, int, int]:
-    return B, triton.cdiv(C, BC), triton.cdiv(T, TB)
+    return B, triton.cdiv(C, BC), triton.cdiv(T, _span(T))
 
 
 def forward(x, w, bias, silu: bool, out_dtype):
@@ -163,7 +169,7 @@ def forward(x, w, bias, silu: bool, out_dtype):
     y = torch.empty(B, T, C, dtype=out_dtype, device=x.device)
     if B and T and C:
         _fwd_kernel[_grid(B, T, C)](x, w, bias if bias is not None else w, y, T, C, W=w.shape[1],
-                                    HAS_BIAS=bias is not None, SILU=silu, BT=BT, BC=BC, TB=TB)
+                                    HAS_BIAS=bias is not None, SILU=silu, BT=BT, BC=BC, TB=_span(T))
     return y
 
 
@@ -179,8 +185,8 @@ def backward(x, w, bias, silu: bool, dy):
     if B and T and C:
         _dz_kernel[grid](x, w, bias if bias is not None else w, dy, dz, dwp, dbp, T, C, W=W,
                          HAS_BIAS=bias is not None, SILU=silu, BT=DZ_BT, BC=BC, BW=triton.next_power_of_2(W),
-                         num_warps=DZ_WARPS, TB=TB)
-        _dx_kernel[grid](dz, w, dx, T, C, W=W, BT=BT, BC=BC, TB=TB)
+                         num_warps=DZ_WARPS, TB=_span(T))
+        _dx_kernel[grid](dz, w, dx, T, C, W=W, BT=BT, BC=BC, TB=_span(T))
     else:
         dwp.zero_()
         dbp.zero_()
@@ -198,7 +204,7 @@ def backward_fused(x, w, bias, silu: bool, dy):
     if B and T and C:
         _dzdx_kernel[grid](x, w, bias if bias is not None else w, dy, dx, dwp, dbp, T, C, W=W,
                            HAS_BIAS=bias is not None, SILU=silu, BT=DZ_BT, BC=BC, BW=triton.next_power_of_2(W),
-                           num_warps=DZ_WARPS, TB=TB)
+                           num_warps=DZ_WARPS, TB=_span(T))
     else:
         dwp.zero_()
         dbp.zero_()
