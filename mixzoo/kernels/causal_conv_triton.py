@@ -173,20 +173,25 @@ def forward(x, w, bias, silu: bool, out_dtype):
     return y
 
 
-def backward(x, w, bias, silu: bool, dy):
-    """-> dx (x's dtype), dw (C, W) float32, db (C,) float32 or None."""
+def backward(x, w, bias, silu: bool, dy, one_pass: bool = False):
+    """-> dx (x's dtype), dw (C, W) float32, db (C,) float32 or None. ``one_pass``: in one kernel
+    (``_dzdx_kernel``, dz never written), the same numbers."""
     B, T, C = x.shape
     W = w.shape[1]
     grid = _grid(B, T, C)
-    dz = torch.empty(B, T, C, dtype=torch.float32, device=x.device)
     dwp = torch.empty(B * grid[2], W, C, dtype=torch.float32, device=x.device)
     dbp = torch.empty(B * grid[2], C, dtype=torch.float32, device=x.device)
     dx = torch.empty_like(x)
     if B and T and C:
-        _dz_kernel[grid](x, w, bias if bias is not None else w, dy, dz, dwp, dbp, T, C, W=W,
-                         HAS_BIAS=bias is not None, SILU=silu, BT=DZ_BT, BC=BC, BW=triton.next_power_of_2(W),
-                         num_warps=DZ_WARPS, TB=_span(T))
-        _dx_kernel[grid](dz, w, dx, T, C, W=W, BT=BT, BC=BC, TB=_span(T))
+        bias_ = bias if bias is not None else w
+        tiles = dict(HAS_BIAS=bias is not None, SILU=silu, BT=DZ_BT, BC=BC, BW=triton.next_power_of_2(W),
+                     num_warps=DZ_WARPS, TB=_span(T))
+        if one_pass:
+            _dzdx_kernel[grid](x, w, bias_, dy, dx, dwp, dbp, T, C, W=W, **tiles)
+        else:
+            dz = torch.empty(B, T, C, dtype=torch.float32, device=x.device)
+            _dz_kernel[grid](x, w, bias_, dy, dz, dwp, dbp, T, C, W=W, **tiles)
+            _dx_kernel[grid](dz, w, dx, T, C, W=W, BT=BT, BC=BC, TB=_span(T))
     else:
         dwp.zero_()
         dbp.zero_()
@@ -194,18 +199,5 @@ def backward(x, w, bias, silu: bool, dy):
 
 
 def backward_fused(x, w, bias, silu: bool, dy):
-    """``backward``'s numbers in one pass (``_dzdx_kernel``), to be timed against it (benchmarks/conv_tiles.py)."""
-    B, T, C = x.shape
-    W = w.shape[1]
-    grid = _grid(B, T, C)
-    dwp = torch.empty(B * grid[2], W, C, dtype=torch.float32, device=x.device)
-    dbp = torch.empty(B * grid[2], C, dtype=torch.float32, device=x.device)
-    dx = torch.empty_like(x)
-    if B and T and C:
-        _dzdx_kernel[grid](x, w, bias if bias is not None else w, dy, dx, dwp, dbp, T, C, W=W,
-                           HAS_BIAS=bias is not None, SILU=silu, BT=DZ_BT, BC=BC, BW=triton.next_power_of_2(W),
-                           num_warps=DZ_WARPS, TB=_span(T))
-    else:
-        dwp.zero_()
-        dbp.zero_()
-    return dx, dwp.sum(0).t().contiguous(), (dbp.sum(0) if bias is not None else None)
+    """``backward`` in one pass, to be timed against the two (benchmarks/conv_tiles.py)."""
+    return backward(x, w, bias, silu, dy, one_pass=True)
