@@ -37,7 +37,7 @@ def _ms(fn) -> float:
 def test_gla_step_against_fla_and_float64_and_timed(monkeypatch, step):
     import fla.ops.gla.chunk as c
 
-    from mixzoo.kernels import RAN
+    from mixzoo.kernels import GLA_SWITCHES, RAN
     from mixzoo.kernels import gla_steps as G
     var = f"MIXZOO_GLA_{step.upper()}"
     fn = {"o": c.chunk_gla_fwd_o_gk, "dv": c.chunk_gla_bwd_dv, "dqkg": c.chunk_gla_bwd_dqkg}[step]
@@ -67,7 +67,7 @@ def test_gla_step_against_fla_and_float64_and_timed(monkeypatch, step):
               f"float64 fla {max(e_fla):.2e} mixzoo {max(e_ours):.2e}; mixzoo against fla {max(diff):.2e}")
         assert all(a <= 1.1 * b + 1e-5 for a, b in zip(e_ours, e_fla)) and max(e_ours) < 4e-3
         assert max(diff) < 2e-3
-        if T == 1024:
+        if T == 1024 and GLA_SWITCHES[var][0] == "triton":      # a default kernel must be the faster one
             assert t_ours < t_fla
         if step == "dv":                 # its warps: 4 (the default) against 8 (no register spills)
             from mixzoo.kernels import gla_steps_triton as Kt
