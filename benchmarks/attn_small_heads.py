@@ -9,7 +9,7 @@ another at each shape; errors are relative L2 against float64 attention on the s
 
 Implementations: ``sdpa`` (PyTorch's choice; cuDNN on Hopper), ``sdpa-flash``, ``sdpa-efficient``,
 ``sdpa-cudnn`` (pinned), ``fla`` (fla's ``parallel_attn`` on (B, T, H, D) inputs), ``mixzoo``
-(``mixzoo.kernels.attn``, where present).
+(``mixzoo.kernels.attn``), and ``mixzoo@fwd=RxKxWxS+dkdv=...+dq=...`` for other tiles of it.
 """
 from __future__ import annotations
 
@@ -41,13 +41,27 @@ def _fla(q, k, v):
     return parallel_attn(q, k, v, scale=q.shape[-1] ** -0.5)
 
 
-def _mixzoo(q, k, v):
-    from mixzoo.kernels.attn import attention
-    return attention(q, k, v)
+def _mixzoo(tiles=None):
+    def run(q, k, v):
+        from mixzoo.kernels.attn import attention
+        return attention(*(t.transpose(1, 2) for t in (q, k, v)), tiles=tiles).transpose(1, 2)
+    return run
+
+
+def _impl(name):
+    """An implementation by name; ``mixzoo@fwd=128x64x4x2,dq=...`` sets the kernels' tiles (rows, keys, warps,
+    stages; ``mixzoo.kernels.attn.TILES``)."""
+    if name.startswith("mixzoo@"):
+        tiles = {}
+        for part in name[len("mixzoo@"):].split("+"):
+            k, v = part.split("=")
+            tiles[k] = tuple(int(x) for x in v.split("x"))
+        return _mixzoo(tiles)
+    return IMPLS[name]
 
 
 IMPLS = {"sdpa": _sdpa(), "sdpa-flash": _sdpa("FLASH_ATTENTION"), "sdpa-efficient": _sdpa("EFFICIENT_ATTENTION"),
-         "sdpa-cudnn": _sdpa("CUDNN_ATTENTION"), "fla": _fla, "mixzoo": _mixzoo}
+         "sdpa-cudnn": _sdpa("CUDNN_ATTENTION"), "fla": _fla, "mixzoo": _mixzoo()}
 
 
 def reference(q, k, v):
@@ -62,16 +76,35 @@ def rel(a, b):
     return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
 
 
+def _views(T, H, D):
+    return lambda x: [t.view(x.shape[0], T, H, D) for t in x.chunk(3, dim=-1)]
+
+
+def _measure(fn, views, qkv, do, xs, xr, ref, n) -> dict:
+    """Errors against float64 on the first n sequences, then forward and forward+backward medians (ms)."""
+    import triton.testing
+    xs.grad = None
+    o = fn(*views(xs))
+    o.backward(do[:n])
+    row = dict(err_o=rel(o, ref), err_grad=rel(xs.grad, xr.grad))
+
+    def step():
+        qkv.grad = None
+        fn(*views(qkv)).backward(do)
+    row.update(fwd_ms=triton.testing.do_bench(lambda: fn(*views(qkv.detach())), warmup=50, rep=300),
+               fwd_bwd_ms=triton.testing.do_bench(step, warmup=50, rep=300))
+    return row
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default="768x128,768x256,768x512,768x1024", help="BxT, comma separated")
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--dim", type=int, default=8)
-    ap.add_argument("--impls", default=",".join(IMPLS))
+    ap.add_argument("--impls", default=",".join(IMPLS), help="comma separated (module docstring)")
     ap.add_argument("--check-batch", type=int, default=8, help="batch of the float64 accuracy check")
     ap.add_argument("--out", default=None)
     a = ap.parse_args(argv)
-    import triton.testing
     dev = "cuda"
     H, D = a.heads, a.dim
     rows = []
@@ -81,8 +114,7 @@ def main(argv=None):
         qkv = torch.randn(B, T, 3 * H * D, device=dev, generator=g).to(torch.bfloat16).requires_grad_()
         do = torch.randn(B, T, H, D, device=dev, generator=g).to(torch.bfloat16)
 
-        def views(x):
-            return [t.view(x.shape[0], T, H, D) for t in x.chunk(3, dim=-1)]
+        views = _views(T, H, D)
         # accuracy on a slice of the batch, against float64, with the gradients
         xs = qkv.detach()[: a.check_batch].clone().requires_grad_()
         xr = xs.detach().double().requires_grad_()
@@ -91,18 +123,7 @@ def main(argv=None):
         for name in a.impls.split(","):
             row = dict(impl=name, B=B, T=T, H=H, D=D)
             try:
-                fn = IMPLS[name]
-                xs.grad = None
-                o = fn(*views(xs))
-                o.backward(do[: a.check_batch])
-                row.update(err_o=rel(o, ref), err_grad=rel(xs.grad, xr.grad))
-
-                def step():
-                    qkv.grad = None
-                    fn(*views(qkv)).backward(do)
-                fwd = triton.testing.do_bench(lambda: fn(*views(qkv.detach())), warmup=50, rep=300)
-                fb = triton.testing.do_bench(step, warmup=50, rep=300)
-                row.update(fwd_ms=fwd, fwd_bwd_ms=fb)
+                row.update(_measure(_impl(name), views, qkv, do, xs, xr, ref, a.check_batch))
             except Exception as e:               # one implementation that cannot run a shape: say so, go on
                 row.update(error=f"{type(e).__name__}: {str(e)[:200]}")
             rows.append(row)

@@ -122,8 +122,11 @@ out["refused"] = [G.takes_dv(x["k"], x["g"], A, x["do"], x["dh"], cu_seqlens=tor
 out["refused"].append(G.takes_o(x["q"], x["v"], x["g"], A, hb, 0.25, use_graph=True))
 os.environ.pop("MIXZOO_GLA_DQKG")
 os.environ.pop("MIXZOO_GLA_O")
-out["dqkg by default"] = G.takes_dqkg(**x, scale=0.25)
-out["o by default"] = G.takes_o(x["q"], x["v"], x["g"], A, hb, 0.25)
+out["by default"] = [G.takes_dqkg(**x, scale=0.25), G.takes_o(x["q"], x["v"], x["g"], A, hb, 0.25),
+                     G.takes_dv(x["k"], x["g"], A, x["do"], x["dh"])]
+os.environ["MIXZOO_GLA_DQKG"] = os.environ["MIXZOO_GLA_O"] = "fla"
+out["dqkg switched off"] = G.takes_dqkg(**x, scale=0.25)
+out["o switched off"] = G.takes_o(x["q"], x["v"], x["g"], A, hb, 0.25)
 os.environ["MIXZOO_GLA_DV"] = "fla"
 out["dv switched off"] = G.takes_dv(x["k"], x["g"], A, x["do"], x["dh"])
 print("RESULT", json.dumps(out))
@@ -144,12 +147,13 @@ def test_the_kernels_in_the_interpreter():
     assert r["refused"][0].startswith("fixed-length") and r["refused"][1].startswith("non-contiguous"), r
     assert r["refused"][2].startswith("g not float32, or no scale"), r
     assert r["refused"][3].startswith("g not float32, no scale, a graph"), r
-    assert r["dqkg by default"] == "MIXZOO_GLA_DQKG=fla" and r["o by default"] == "MIXZOO_GLA_O=fla"
+    assert r["by default"] == [None, None, None], r
+    assert r["dqkg switched off"] == "MIXZOO_GLA_DQKG=fla" and r["o switched off"] == "MIXZOO_GLA_O=fla"
     assert r["dv switched off"] == "MIXZOO_GLA_DV=fla"
 
 
-@pytest.mark.parametrize("var,allowed", [("MIXZOO_GLA_DV", "triton, fla"), ("MIXZOO_GLA_DQKG", "fla, triton"),
-                                         ("MIXZOO_GLA_O", "fla, triton")])
+@pytest.mark.parametrize("var,allowed", [("MIXZOO_GLA_DV", "triton, fla"), ("MIXZOO_GLA_DQKG", "triton, fla"),
+                                         ("MIXZOO_GLA_O", "triton, fla")])
 def test_a_wrong_switch_is_refused_at_the_command_line(tmp_path, capsys, monkeypatch, var, allowed):
     from mixzoo.cli import main
     monkeypatch.setenv(var, "cuda")

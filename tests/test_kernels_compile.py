@@ -11,6 +11,8 @@ P = lambda dt: f"*{dt}"                 # noqa: E731  a pointer argument
 
 
 def _cases():
+    from mixzoo.kernels import attn as AT
+    from mixzoo.kernels import attn_triton as A
     from mixzoo.kernels import causal_conv_triton as C
     from mixzoo.kernels import gla_steps_triton as G
     from mixzoo.kernels import rmsnorm_triton as N
@@ -29,6 +31,21 @@ def _cases():
                 (f"gla o BT={BT} K={K} V={V}", G._o_kernel,
                  dict(q=P("bf16"), v=P("bf16"), g=P("fp32"), h=P("bf16"), A=P("fp32"), o=P("bf16"), scale="fp32", T="i32"),
                  dict(H=16, K=K, V=V, BT=BT, BK=G._tile(K), BV=G._tile(V)))]
+    strides = lambda *ts: {f"s{t}{d}": "i32" for t in ts for d in "bht"}      # noqa: E731
+    for hd in (8, 16):                                       # the mad recipe's heads; the widest the kernels take
+        c = dict(D=hd, DP=AT._dp(hd))
+        out += [(f"attention fwd D={hd}", A._fwd_kernel,
+                 dict(Q=P("bf16"), K=P("bf16"), V=P("bf16"), OUT=P("bf16"), LSE=P("fp32"), T="i32", H="i32",
+                      sc2="fp32", **strides("q", "k", "v")), dict(**c, BM=AT.TILES["fwd"][0], BN=AT.TILES["fwd"][1])),
+                (f"attention delta D={hd}", A._delta_kernel,
+                 dict(OUT=P("bf16"), DO=P("bf16"), DELTA=P("fp32"), T="i32", H="i32", sdb="i32", sdt="i32", sdh="i32"),
+                 dict(**c, BT=128)),
+                *[(f"attention {n} D={hd}", fn,
+                   dict(Q=P("bf16"), K=P("bf16"), V=P("bf16"), DO=P("bf16"), LSE=P("fp32"), DELTA=P("fp32"),
+                        **({"DK": P("bf16"), "DV": P("bf16")} if n == "dkdv" else {"DQ": P("bf16")}), T="i32",
+                        H="i32", sc2="fp32", scale="fp32", **strides("q", "k", "v", "d")),
+                   dict(**c, BM=AT.TILES[n][0], BN=AT.TILES[n][1])) for n, fn in (("dkdv", A._dkdv_kernel),
+                                                                                 ("dq", A._dq_kernel))]]
     for (BC, K, V), form in [(s, f) for s in ((64, 64, 16), (16, 128, 32)) for f in D.FORMS]:
         # the mad recipe's Mamba-2; the widest state; each product form
         sig = dict(q=P("fp32"), k=P("fp32"), v=P("fp32"), gc=P("fp32"), ks=P("fp32"))

@@ -13,10 +13,12 @@ _EAGER = 0
 # the switches that pick a kernel by name (the others are on/off); checked once at the command line
 SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
 SSD_FORMS = ("bf16", "ieee")       # the SSD kernels' products (ssd_intra_triton); the first is the default
-# steps of fla's chunked GLA (gla_steps): mixzoo's kernel or fla's; the first is the default (dqkg and o: fla's
-# until timed on the H200)
-GLA_SWITCHES = {"MIXZOO_GLA_DV": ("triton", "fla"), "MIXZOO_GLA_DQKG": ("fla", "triton"), "MIXZOO_GLA_O": ("fla", "triton")}
-NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS, "MIXZOO_SSD_DOT": SSD_FORMS, **GLA_SWITCHES}
+# steps of fla's chunked GLA (gla_steps): mixzoo's kernel or fla's; the first is the default (each mixzoo's after
+# the H200: benchmarks/h200-2026-12-03c, -03d)
+GLA_SWITCHES = {"MIXZOO_GLA_DV": ("triton", "fla"), "MIXZOO_GLA_DQKG": ("triton", "fla"), "MIXZOO_GLA_O": ("triton", "fla")}
+# softmax attention with heads of at most 16 (attn): SDPA or mixzoo's Triton kernels; the first is the default
+ATTN_CHOICES = ("sdpa", "triton")
+NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS, "MIXZOO_ATTN": ATTN_CHOICES, "MIXZOO_SSD_DOT": SSD_FORMS, **GLA_SWITCHES}
 
 
 def switch_error() -> str | None:

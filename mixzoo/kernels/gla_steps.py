@@ -20,10 +20,10 @@ precision (``gla_steps_triton``).
 ``install()`` registers them with fla's dispatcher for the 'gla' ops: each takes fla's calls that it handles
 (fixed length, contiguous, chunks of 16 to 64, heads up to 128 wide) on a CUDA device (or Triton's interpreter)
 where it has matched its reference at those widths (``usable``); any other call runs fla's kernel. The switches
-``MIXZOO_GLA_DV``, ``MIXZOO_GLA_DQKG`` and ``MIXZOO_GLA_O`` (``triton`` or ``fla``) pick per step; dv's default is
-triton (timed on the H200: bit for bit fla's numbers, 1.16x a stacked GLA step), the others' fla until they are
-timed there. A run records ``gla_dv`` / ``gla_dqkg`` / ``gla_o`` among its kernels when they ran. Imports nothing
-of mixzoo.
+``MIXZOO_GLA_DV``, ``MIXZOO_GLA_DQKG`` and ``MIXZOO_GLA_O`` (``triton`` or ``fla``) pick per step; each defaults to
+triton, after the H200 (dv: bit for bit fla's numbers, 1.16x a stacked GLA step; dqkg and o: their kernels 1.45x to
+2.3x fla's, a stacked step 1.05x more; benchmarks/h200-2026-12-03d). A run records ``gla_dv`` / ``gla_dqkg`` /
+``gla_o`` among its kernels when they ran. Imports nothing of mixzoo.
 """
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ Paths: ``fla-chunk`` (fla's Triton ``chunk_gla``, on a GPU) and ``torch-recurren
 plain-PyTorch recurrence, loaded by file path; the CPU path). ``fla-chunk+triton-dv``: fla's, with the
 value gradient of its backward by mixzoo's kernel (``mixzoo.kernels.gla_steps``: tiles as narrow as the
 heads, fla's precision) where it has matched its reference on the device; ``MIXZOO_GLA_DV=fla`` leaves it
-to fla. ``MIXZOO_GLA_DQKG=triton`` and ``MIXZOO_GLA_O=triton`` take the state's parts of dq, dk, dg and the
-forward's output likewise (``+triton-dv-dqkg-o``; fla's by default until timed on the H200).
+to fla. The state's parts of dq, dk, dg and the forward's output are mixzoo's likewise by default
+(``+triton-dv-dqkg-o``); ``MIXZOO_GLA_DQKG=fla`` and ``MIXZOO_GLA_O=fla`` leave them to fla.
 """
 from __future__ import annotations
 

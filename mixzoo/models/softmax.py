@@ -1,4 +1,9 @@
-"""Softmax attention: causal multi-head SDPA with rotary positions."""
+"""Softmax attention: causal multi-head attention with rotary positions.
+
+The attention is PyTorch's SDPA, or, for heads of at most 16 dims in half precision on a GPU, mixzoo's
+Triton kernels (``mixzoo.kernels.attn``: SDPA's kernels pad such heads to 32 or 64), where ``attn.runs_on``
+says so (the switch ``MIXZOO_ATTN``). The backend a run records names the one used: ``sdpa`` or
+``triton-attn``."""
 from __future__ import annotations
 
 import contextlib
@@ -10,7 +15,9 @@ from torch import nn
 
 from .. import kernels
 from ..errors import UsageError
+from ..kernels import attn as _attn
 from ..registry import register_mixer
+from . import _fla
 from .common import merge_heads, rope, split_heads
 
 
@@ -56,9 +63,14 @@ class SoftmaxAttention(nn.Module):
         q, k, v = (split_heads(t, self.h) for t in self.qkv(x).chunk(3, dim=-1))
         if self.use_rope:
             q, k = rope(q), rope(k)
-        with _sdpa_backend(x):
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=True,
-                                               dropout_p=self.dropout if self.training else 0.0)
+        dropout = self.dropout if self.training else 0.0
+        if _attn.runs_on(q, dropout):
+            self.backend = "triton-attn"
+            o = _fla._op("mixzoo.kernels.attn", "attention")(q, k, v)     # folded when stacking
+        else:
+            self.backend = "sdpa"
+            with _sdpa_backend(x):
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout)
         return self.out(merge_heads(o))
 
     def state_size(self, seq_len: int) -> int:
