@@ -9,8 +9,9 @@ backward's median times (triton's do_bench) and the CG iterations, with the outp
 default tiles' (the tile changes the summation order only). Inputs: Gaussian q, k, v of width 8 zero-padded
 to 16 (as ``lla()`` pads them), the ridge ``--lam`` everywhere (mixzoo's default ridge 1.0 runs at
 precision level 2). ``--solves``: the solves timed side by side at the default tiles (``cg``: conjugate
-gradients; ``direct``: the explicit solve of heads of at most 8 dims; ``direct1``: the same with the output
-formed from the moment pass, ``onepass``); ``--sweep``: those whose tiles are then swept.
+gradients; ``direct``: the explicit solve of heads of at most 8 dims, C summed again in the backward; ``directc``:
+the same with the forward's C kept for the backward, as the mechanism runs it; ``direct1``: the output formed from
+the moment pass, ``onepass``); ``--sweep``: those whose tiles are then swept.
 """
 from __future__ import annotations
 
@@ -39,7 +40,9 @@ def _rel(a, b):
     return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
 
 
-SOLVES = {"cg": dict(dr=None, onepass=False), "direct": dict(dr=8, onepass=False), "direct1": dict(dr=8, onepass=True)}
+# directc: the explicit solve with the forward's C kept for the backward (``cm``, as ``LLAFunction`` runs it by default)
+SOLVES = {"cg": dict(dr=None, onepass=False), "direct": dict(dr=8, onepass=False), "direct1": dict(dr=8, onepass=True),
+          "directc": dict(dr=8, onepass=False, cm=True)}
 
 
 def run(BH, T, lam, cfg, d=8, Dp=16, solve="cg"):
@@ -47,13 +50,16 @@ def run(BH, T, lam, cfg, d=8, Dp=16, solve="cg"):
     lamt = torch.full((BH, T), lam, device="cuda")
     s = d ** -0.5
     tol, it, jac = K.DEFAULTS["tol"], K.DEFAULTS["max_iter"], K.DEFAULTS["jacobi"]
-    sv = SOLVES[solve]
+    sv = dict(SOLVES[solve])
+    if sv.pop("cm", False):
+        sv["cm"] = torch.empty(BH, T, sv["dr"] ** 2, device="cuda", dtype=torch.float32)
     o, y, lse, itf = K.lla_forward(q, k, v, lamt, s, tol, it, jac, cfg, **sv)
-    dq, dk, dv, dl, itb = K.lla_backward(q, k, v, go, lamt, y, lse, s, tol, it, jac, cfg, dr=sv["dr"])
+    cm = sv.get("cm")
+    dq, dk, dv, dl, itb = K.lla_backward(q, k, v, go, lamt, y, lse, s, tol, it, jac, cfg, dr=sv["dr"], cm=cm)
     tf = triton.testing.do_bench(lambda: K.lla_forward(q, k, v, lamt, s, tol, it, jac, cfg, **sv), warmup=5,
                                  rep=40, return_mode="median")
     tb = triton.testing.do_bench(lambda: K.lla_backward(q, k, v, go, lamt, y, lse, s, tol, it, jac, cfg,
-                                                        dr=sv["dr"]), warmup=5, rep=40, return_mode="median")
+                                                        dr=sv["dr"], cm=cm), warmup=5, rep=40, return_mode="median")
     return tf, tb, float(itf.float().mean()), float(itb.float().mean()), (o, dq, dk, dv)
 
 

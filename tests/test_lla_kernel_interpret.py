@@ -172,13 +172,19 @@ for D, lams in ((8, (0.01, 1.0, 30.0)), (5, (1.0,))):
         ref = lla_reference(*xd, ridge=lam)
         ref.backward(go.double())
         res = {{}}
-        for solve, onepass in (("direct", False), ("direct", True), ("cg", False)):
-            triton_lla.DEFAULTS["onepass"] = onepass
+        b0, took = triton_lla.lla_backward, []
+        triton_lla.lla_backward = lambda *a, **kw: took.append(kw.get("cm") is not None) or b0(*a, **kw)
+        for solve, onepass, cf in (("direct", False, True), ("direct", True, True), ("direct", False, False),
+                                   ("cg", False, True)):
+            triton_lla.DEFAULTS["onepass"], triton_lla.DEFAULTS["c_from_forward"] = onepass, cf
             xs = [t.clone().requires_grad_(True) for t in (q, k, v)]
             o = triton_lla.lla(*xs, ridge=lam, solve=solve)
             o.backward(go.bfloat16())
-            res[solve + ("-onepass" if onepass else "")] = [L._rel(o, ref)] + [L._rel(a.grad, b.grad) for a, b in zip(xs, xd)]
-        triton_lla.DEFAULTS["onepass"] = False
+            name = solve + ("-onepass" if onepass else "") + ("" if cf else "-c-summed-again")
+            res[name] = [L._rel(o, ref)] + [L._rel(a.grad, b.grad) for a, b in zip(xs, xd)]
+        triton_lla.lla_backward = b0
+        res["backward took the forward's C"] = took
+        triton_lla.DEFAULTS["onepass"], triton_lla.DEFAULTS["c_from_forward"] = False, True
         # the launch itself: the direct one runs no CG iteration, forward or backward
         pad = [torch.nn.functional.pad(t, (0, 16 - D)).reshape(2, T, 16).contiguous() for t in (q, k, v, go.bfloat16())]
         lamt = torch.full((2, T), lam)
@@ -197,7 +203,8 @@ def test_small_heads_solve_directly():
     moment pass and solve it in registers (no CG pass over the keys, forward or backward); output and
     gradients as close to the float64 reference as CG's, at the precision levels 3, 2 and 0 for a
     head of 8, at level 2 for one of 5 (padded to 8 inside the solve, to 16 for the matmuls); also with the output
-    formed from moments of the first pass (``onepass``)."""
+    formed from moments of the first pass (``onepass``). The backward's ν solve takes the forward's C
+    (``c_from_forward``, the default): the errors are those of summing C again in the backward, to rounding."""
     code = DIRECT.format(bench=str(ROOT / "benchmarks"), root=str(ROOT))
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=600)
@@ -206,10 +213,13 @@ def test_small_heads_solve_directly():
     print(json.dumps(r, indent=1))
     for case, res in r.items():
         assert res["its"]["direct"] == [0, 0] and min(res["its"]["cg"]) > 0, (case, res["its"])
-        for variant in ("direct", "direct-onepass"):
+        assert res["rel"]["backward took the forward's C"] == [True, True, False, False], (case, res["rel"])
+        for variant in ("direct", "direct-onepass", "direct-c-summed-again"):
             for name, err, cg in zip(("o", "dq", "dk", "dv"), res["rel"][variant], res["rel"]["cg"]):
                 assert err < (1e-2 if name == "o" else 2e-2), (case, variant, name, err)   # the GPU tests' tolerances
                 assert err < 2 * cg + 2e-3, (case, variant, name, err, cg)                  # no worse than CG's
+        for name, a, b in zip(("o", "dq", "dk", "dv"), res["rel"]["direct"], res["rel"]["direct-c-summed-again"]):
+            assert abs(a - b) <= 0.1 * b + 2e-4, (case, name, a, b)          # C from the forward: the same errors
 
 
 def test_solve_choice():

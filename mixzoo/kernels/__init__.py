@@ -16,9 +16,13 @@ SSD_FORMS = ("bf16", "ieee")       # the SSD kernels' products (ssd_intra_triton
 # steps of fla's chunked GLA (gla_steps): mixzoo's kernel or fla's; the first is the default (each mixzoo's after
 # the H200: benchmarks/h200-2026-12-03c, -03d)
 GLA_SWITCHES = {"MIXZOO_GLA_DV": ("triton", "fla"), "MIXZOO_GLA_DQKG": ("triton", "fla"), "MIXZOO_GLA_O": ("triton", "fla")}
-# softmax attention with heads of at most 16 (attn): SDPA or mixzoo's Triton kernels; the first is the default
-ATTN_CHOICES = ("sdpa", "triton")
-NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS, "MIXZOO_ATTN": ATTN_CHOICES, "MIXZOO_SSD_DOT": SSD_FORMS, **GLA_SWITCHES}
+# softmax attention with heads of at most 16 (attn): mixzoo's Triton kernels or SDPA; the first is the default
+# (after the H200: a stacked+graphed softmax step 1.04x, benchmarks/h200-2026-12-03d)
+ATTN_CHOICES = ("triton", "sdpa")
+# LLA's explicit solve (lla.triton_lla): the backward takes the forward's C ("forward") or sums it again
+LLA_C = ("forward", "summed")
+NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS, "MIXZOO_ATTN": ATTN_CHOICES, "MIXZOO_LLA_C": LLA_C,
+                  "MIXZOO_SSD_DOT": SSD_FORMS, **GLA_SWITCHES}
 
 
 def switch_error() -> str | None:

@@ -71,6 +71,8 @@ adds ν (fp32, (BH, T, D)) and four floats per row. Nothing of size T x T or T x
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -85,7 +87,14 @@ CONFIGS = {
     "bwd_q": {16: (64, 64, 4, 2), 32: (64, 64, 4, 2), 64: (64, 64, 4, 2), 128: (64, 64, 4, 2)},
     "bwd_kv": {16: (64, 64, 4, 2), 32: (64, 64, 4, 2), 64: (64, 64, 4, 2), 128: (64, 64, 4, 2)},
 }
-DEFAULTS = {"tol": 1e-3, "max_iter": 48, "jacobi": False, "solve": "auto", "onepass": False}
+DEFAULTS = {"tol": 1e-3, "max_iter": 48, "jacobi": False, "solve": "auto", "onepass": False, "c_from_forward": True}
+
+
+def c_from_forward() -> bool:
+    """Whether the explicit solve's backward takes the forward's C: ``DEFAULTS["c_from_forward"]``, unless the
+    switch ``MIXZOO_LLA_C`` says ``summed`` (C summed again in the backward's query pass) or ``forward``."""
+    sw = os.environ.get("MIXZOO_LLA_C")
+    return DEFAULTS["c_from_forward"] if not sw else sw == "forward"
 # Heads of at most this many dims solve C y = b directly (``_direct_solve``): C's DR x DR entries are summed in
 # the moment pass (DR = 4 or 8, the head dim rounded up; tl.dot needs DR·DR >= 16), then eliminated in registers,
 # in place of CG's passes over the keys. Wider heads would not fit C in registers.
@@ -166,16 +175,22 @@ def _moment_dot(wb, wm, wl, xh, xl, acc, PREC: tl.constexpr):
 
 
 @triton.jit
-def _direct_solve(s2, wsum, kbar, lam, rhs, D: tl.constexpr, DR: tl.constexpr, BM: tl.constexpr):
-    """x = C⁻¹ rhs per row with C = S2/Σw - k̄ k̄ᵀ + λI formed explicitly (real head dims DR <= 8), by Gaussian
-    elimination on the rows of the symmetric positive definite C (LDLᵀ without pivoting: stable for SPD), in
-    fp32 registers. For rhs scaled to unit size as in ``_cg_solve``."""
+def _direct_matrix(s2, wsum, kbar, lam, D: tl.constexpr, DR: tl.constexpr, BM: tl.constexpr):
+    """C = S2/Σw - k̄ k̄ᵀ + λI per row, (BM, DR, DR) fp32, over the real head dims DR <= 8."""
     kr = _first(kbar, D, DR, BM)
-    br = _first(rhs, D, DR, BM)
     ii = tl.arange(0, DR)
     eye = ii[:, None] == ii[None, :]
     A = tl.reshape(s2, (BM, DR, DR)) / wsum[:, None, None] - kr[:, :, None] * kr[:, None, :]
-    A = A + tl.where(eye[None, :, :], lam[:, None, None], 0.0)
+    return A + tl.where(eye[None, :, :], lam[:, None, None], 0.0)
+
+
+@triton.jit
+def _direct_eliminate(A, rhs, D: tl.constexpr, DR: tl.constexpr, BM: tl.constexpr):
+    """x = A⁻¹ rhs per row for A (BM, DR, DR) symmetric positive definite, by Gaussian elimination on its rows
+    (LDLᵀ without pivoting: stable for SPD), in fp32 registers; rhs scaled to unit size as in ``_cg_solve``.
+    Also returns the eliminated A, whose upper triangle U (A = Uᵀ diag(U)⁻¹ U) ``_direct_substitute`` takes."""
+    br = _first(rhs, D, DR, BM)
+    ii = tl.arange(0, DR)
     sc = tl.max(tl.abs(br), 1)
     sc = tl.where(sc > 0, sc, 1.0)
     x = br / sc[:, None]
@@ -196,7 +211,43 @@ def _direct_solve(s2, wsum, kbar, lam, rhs, D: tl.constexpr, DR: tl.constexpr, B
         xj = tl.sum(tl.where(ej[None, :], x, 0.0), 1)
         sj = tl.sum(tl.where((ii > j)[None, :], rowj * y, 0.0), 1)
         y = tl.where(ej[None, :], ((xj - sj) / piv)[:, None], y)
+    return _widen(y * sc[:, None], D, DR, BM), A
+
+
+@triton.jit
+def _direct_substitute(U, rows, rmask, rhs, D: tl.constexpr, DR: tl.constexpr, BM: tl.constexpr):
+    """x = A⁻¹ rhs per row from the eliminated rows U of A (``_direct_eliminate``, stored row-major, DR·DR floats a
+    row of the tile at ``U + rows·DR·DR``): the same operations as the elimination's on the right-hand side, each
+    row of U read from memory when it is used (rows past ``rmask`` solve the identity)."""
+    br = _first(rhs, D, DR, BM)
+    ii = tl.arange(0, DR)
+    sc = tl.max(tl.abs(br), 1)
+    sc = tl.where(sc > 0, sc, 1.0)
+    x = br / sc[:, None]
+    base = U + rows.to(tl.int64)[:, None] * (DR * DR) + ii[None, :]
+    for j in tl.static_range(DR):
+        ej = ii == j
+        rowj = tl.load(base + j * DR, mask=rmask[:, None], other=0.0) + tl.where((~rmask)[:, None] & ej[None, :], 1.0, 0.0)
+        piv = tl.sum(tl.where(ej[None, :], rowj, 0.0), 1)
+        xj = tl.sum(tl.where(ej[None, :], x, 0.0), 1)
+        x = x - tl.where((ii > j)[None, :], rowj / piv[:, None], 0.0) * xj[:, None]
+    y = tl.zeros([BM, DR], tl.float32)
+    for jj in tl.static_range(DR):
+        j = DR - 1 - jj
+        ej = ii == j
+        rowj = tl.load(base + j * DR, mask=rmask[:, None], other=0.0) + tl.where((~rmask)[:, None] & ej[None, :], 1.0, 0.0)
+        piv = tl.sum(tl.where(ej[None, :], rowj, 0.0), 1)
+        xj = tl.sum(tl.where(ej[None, :], x, 0.0), 1)
+        sj = tl.sum(tl.where((ii > j)[None, :], rowj * y, 0.0), 1)
+        y = tl.where(ej[None, :], ((xj - sj) / piv)[:, None], y)
     return _widen(y * sc[:, None], D, DR, BM)
+
+
+@triton.jit
+def _direct_solve(s2, wsum, kbar, lam, rhs, D: tl.constexpr, DR: tl.constexpr, BM: tl.constexpr):
+    """x = C⁻¹ rhs per row with C = S2/Σw - k̄ k̄ᵀ + λI formed explicitly (real head dims DR <= 8)."""
+    x, _ = _direct_eliminate(_direct_matrix(s2, wsum, kbar, lam, D, DR, BM), rhs, D, DR, BM)
+    return x
 
 
 @triton.jit
@@ -284,9 +335,10 @@ def _cg_solve(rhs, q, kbar, lse2, lam, dinv, Kb, offs_m, offs_d, hi, T, sc2, tol
 
 
 @triton.jit
-def _lla_fwd(Q, K, V, LAM, OUT, Y, LSE, ITS, T, sc2, tol2, max_iter,
+def _lla_fwd(Q, K, V, LAM, OUT, Y, LSE, ITS, CM, T, sc2, tol2, max_iter,
              D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, JACOBI: tl.constexpr, STORE_Y: tl.constexpr,
-             PREC: tl.constexpr, DR: tl.constexpr, DIRECT: tl.constexpr, ONEPASS: tl.constexpr):
+             PREC: tl.constexpr, DR: tl.constexpr, DIRECT: tl.constexpr, ONEPASS: tl.constexpr,
+             STORE_C: tl.constexpr):
     n_m = tl.cdiv(T, BM)
     pid_m = n_m - 1 - tl.program_id(0)            # longest tiles first
     bh = tl.program_id(1).to(tl.int64)
@@ -355,7 +407,10 @@ def _lla_fwd(Q, K, V, LAM, OUT, Y, LSE, ITS, T, sc2, tol2, max_iter,
     else:
         dinv = bv
     if DIRECT:
-        y = _direct_solve(s2, wsum, kbar, lam, bv, D, DR, BM)
+        y, cu = _direct_eliminate(_direct_matrix(s2, wsum, kbar, lam, D, DR, BM), bv, D, DR, BM)
+        if STORE_C:                                 # the backward's ν solve takes this C, eliminated (``lla_forward``)
+            tl.store(CM + (bh * T + offs_m)[:, None] * (DR * DR) + tl.arange(0, DR * DR)[None, :],
+                     tl.reshape(cu, (BM, DR * DR)), mask=rmask[:, None])
         it = tl.full([], 0, tl.int32)
     else:
         y, it = _cg_solve(bv, q, kbar, lse2, lam, dinv, Kb, offs_m, offs_d, hi, T, sc2, tol2, max_iter,
@@ -398,10 +453,11 @@ def _lla_fwd(Q, K, V, LAM, OUT, Y, LSE, ITS, T, sc2, tol2, max_iter,
 
 
 @triton.jit
-def _lla_bwd_q(Q, K, V, G, LAM, Y, LSE, DQ, NU, ROWS, DLAM, ITS, T, scale, sc2, tol2, max_iter,
+def _lla_bwd_q(Q, K, V, G, LAM, Y, LSE, DQ, NU, ROWS, DLAM, ITS, CM, T, scale, sc2, tol2, max_iter,
                D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, JACOBI: tl.constexpr, PREC: tl.constexpr,
-               DR: tl.constexpr, DIRECT: tl.constexpr):
-    """Per query tile: k̄, h = Σ a (Γ - Γ̄)(k - k̄) with Γ_j = g . v_j; ν = C⁻¹ h; dq = ν + scale Σ P (k - k̄)."""
+               DR: tl.constexpr, DIRECT: tl.constexpr, LOAD_C: tl.constexpr):
+    """Per query tile: k̄, h = Σ a (Γ - Γ̄)(k - k̄) with Γ_j = g . v_j; ν = C⁻¹ h; dq = ν + scale Σ P (k - k̄).
+    LOAD_C (with DIRECT): C is the forward's (``CM``), not summed again here."""
     n_m = tl.cdiv(T, BM)
     pid_m = n_m - 1 - tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
@@ -448,9 +504,10 @@ def _lla_bwd_q(Q, K, V, G, LAM, Y, LSE, DQ, NU, ROWS, DLAM, ITS, T, scale, sc2, 
                 gsum += tl.sum(agb.to(tl.float32) + agl.to(tl.float32), 1)
             else:
                 gsum += tl.sum(agb.to(tl.float32), 1)
-            kr = _rows(Kb, offs_n, T, DR, D)
-            kkh, kkl = _outer(kr, kr, BN, DR, DT)
-            s2 = _moment_dot(ab, am, al, kkh, kkl, s2, PREC)
+            if not LOAD_C:
+                kr = _rows(Kb, offs_n, T, DR, D)
+                kkh, kkl = _outer(kr, kr, BN, DR, DT)
+                s2 = _moment_dot(ab, am, al, kkh, kkl, s2, PREC)
         elif PREC >= 1:
             kb = tl.dot(ab, k, kb)
             kb = tl.dot(al, k, kb)
@@ -474,7 +531,10 @@ def _lla_bwd_q(Q, K, V, G, LAM, Y, LSE, DQ, NU, ROWS, DLAM, ITS, T, scale, sc2, 
     else:
         dinv = h
     if DIRECT:
-        nu = _direct_solve(s2, asum, kbar, lam, h, D, DR, BM)
+        if LOAD_C:
+            nu = _direct_substitute(CM, bh * T + offs_m, rmask, h, D, DR, BM)
+        else:
+            nu = _direct_solve(s2, asum, kbar, lam, h, D, DR, BM)
         it = tl.full([], 0, tl.int32)
     else:
         nu, it = _cg_solve(h, q, kbar, lse2, lam, dinv, Kb, offs_m, offs_d, hi, T, sc2, tol2, max_iter,
@@ -612,13 +672,14 @@ def _iter_cap(max_iter, prec, Dp):
 
 
 def lla_forward(q, k, v, lam, scale, tol, max_iter, jacobi, cfg=None, store_y=True, prec=None, dr=None,
-                onepass=None):
+                onepass=None, cm=None):
     """q, k, v: (BH, T, Dp) contiguous, Dp a power of two >= 16; lam: (BH, T) fp32.
 
     ``prec`` (default: ``precision_level(lam.min())``) is the precision level; the backward must get the same.
     ``dr``: solve directly (``_direct_solve``) over the first ``dr`` head dims (4 or 8; the others zero), else CG;
     with it, ``onepass`` (default ``DEFAULTS["onepass"]``) sums Σ a v and Σ a v kᵀ in the moment pass and forms
-    the output from them, without the output pass.
+    the output from them, without the output pass; and ``cm`` (a (BH, T, dr·dr) fp32 tensor, optional) receives
+    each row's C for the backward (``lla_backward(cm=...)``).
     Returns o, y (fp32), lse (log2-sum-exp per row), and the CG iterations per query tile (0: direct)."""
     BH, T, Dp = q.shape
     prec = precision_level(float(lam.min())) if prec is None else int(prec)
@@ -628,17 +689,25 @@ def lla_forward(q, k, v, lam, scale, tol, max_iter, jacobi, cfg=None, store_y=Tr
     lse = torch.empty(BH, T, device=q.device, dtype=torch.float32)
     n_m = triton.cdiv(T, BM)
     its = torch.empty(BH, n_m, device=q.device, dtype=torch.int32)
-    _lla_fwd[(n_m, BH)](q, k, v, lam, o, y, lse, its, T, scale * LOG2E, tol * tol, _iter_cap(max_iter, prec, Dp),
-                        D=Dp, BM=BM, BN=BN, JACOBI=jacobi, STORE_Y=store_y, PREC=prec, DR=dr or 4,
-                        DIRECT=dr is not None,
+    _check_cm(cm, BH, T, dr)
+    _lla_fwd[(n_m, BH)](q, k, v, lam, o, y, lse, its, lse if cm is None else cm, T, scale * LOG2E, tol * tol,
+                        _iter_cap(max_iter, prec, Dp), D=Dp, BM=BM, BN=BN, JACOBI=jacobi, STORE_Y=store_y, PREC=prec,
+                        DR=dr or 4, DIRECT=dr is not None,
                         ONEPASS=dr is not None and (DEFAULTS["onepass"] if onepass is None else bool(onepass)),
-                        num_warps=nw, num_stages=ns)
+                        STORE_C=cm is not None, num_warps=nw, num_stages=ns)
     return o, y, lse, its
 
 
-def lla_backward(q, k, v, g, lam, y, lse, scale, tol, max_iter, jacobi, cfg=None, prec=None, dr=None):
+def _check_cm(cm, BH, T, dr):
+    if cm is not None and (dr is None or tuple(cm.shape) != (BH, T, dr * dr) or cm.dtype != torch.float32
+                           or not cm.is_contiguous()):
+        raise ValueError(f"lla: cm must be a contiguous float32 ({BH}, {T}, dr*dr) tensor with the explicit solve "
+                         f"(dr={dr}), got {None if cm is None else (tuple(cm.shape), cm.dtype)}")
+
+
+def lla_backward(q, k, v, g, lam, y, lse, scale, tol, max_iter, jacobi, cfg=None, prec=None, dr=None, cm=None):
     """Returns dq, dk, dv, dλ (fp32, (BH, T)) and the CG iterations per query tile (``prec``, ``dr`` as the
-    forward's)."""
+    forward's; ``cm``: the forward's C, from ``lla_forward(cm=...)``, else C is summed again)."""
     prec = precision_level(float(lam.min())) if prec is None else int(prec)
     BH, T, Dp = q.shape
     BM, BN, nw, ns = _cfg("bwd_q", Dp, cfg)
@@ -648,9 +717,11 @@ def lla_backward(q, k, v, g, lam, y, lse, scale, tol, max_iter, jacobi, cfg=None
     dlam = torch.empty(BH, T, device=q.device, dtype=torch.float32)
     n_m = triton.cdiv(T, BM)
     its = torch.empty(BH, n_m, device=q.device, dtype=torch.int32)
-    _lla_bwd_q[(n_m, BH)](q, k, v, g, lam, y, lse, dq, nu, rows, dlam, its, T, scale, scale * LOG2E,
-                          tol * tol, _iter_cap(max_iter, prec, Dp), D=Dp, BM=BM, BN=BN, JACOBI=jacobi, PREC=prec,
-                          DR=dr or 4, DIRECT=dr is not None, num_warps=nw, num_stages=ns)
+    _check_cm(cm, BH, T, dr)
+    _lla_bwd_q[(n_m, BH)](q, k, v, g, lam, y, lse, dq, nu, rows, dlam, its, lse if cm is None else cm, T, scale,
+                          scale * LOG2E, tol * tol, _iter_cap(max_iter, prec, Dp), D=Dp, BM=BM, BN=BN, JACOBI=jacobi,
+                          PREC=prec, DR=dr or 4, DIRECT=dr is not None, LOAD_C=cm is not None, num_warps=nw,
+                          num_stages=ns)
     BM, BN, nw, ns = _cfg("bwd_kv", Dp, cfg)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
@@ -673,9 +744,13 @@ class LLAFunction(torch.autograd.Function):
             lam = torch.full((B * H, T), float(ridge), device=q.device, dtype=torch.float32)
         if prec is None:                          # a float ridge needs no device sync
             prec = precision_level(float(lam.min()) if torch.is_tensor(ridge) else float(ridge))
+        # with the explicit solve, the forward's C is kept for the backward's ν solve (``c_from_forward``): the
+        # backward's query pass then sums no second moments (dr·dr floats a row kept instead)
+        cm = (torch.empty(B * H, T, dr * dr, device=q.device, dtype=torch.float32)
+              if store and dr is not None and c_from_forward() else None)
         o, y, lse, its = lla_forward(qq, kk, vv, lam, scale, tol, max_iter, jacobi, cfg, store_y=store, prec=prec,
-                                     dr=dr)
-        ctx.save_for_backward(qq, kk, vv, lam, y, lse)
+                                     dr=dr, cm=cm)
+        ctx.save_for_backward(qq, kk, vv, lam, y, lse, cm)
         ctx.meta = (B, H, T, D, scale, tol, max_iter, jacobi, cfg, prec, dr, q.dtype,
                     ridge.shape if torch.is_tensor(ridge) else None)
         ctx.fwd_iters = its
@@ -684,11 +759,12 @@ class LLAFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_o):
-        qq, kk, vv, lam, y, lse = ctx.saved_tensors
+        qq, kk, vv, lam, y, lse, cm = ctx.saved_tensors
         B, H, T, D, scale, tol, max_iter, jacobi, cfg, prec, dr, in_dtype, ridge_shape = ctx.meta
         Dp = qq.shape[-1]
         g = _pad_dim(grad_o.to(qq.dtype), Dp).reshape(B * H, T, Dp).contiguous()
-        dq, dk, dv, dlam, _ = lla_backward(qq, kk, vv, g, lam, y, lse, scale, tol, max_iter, jacobi, cfg, prec, dr)
+        dq, dk, dv, dlam, _ = lla_backward(qq, kk, vv, g, lam, y, lse, scale, tol, max_iter, jacobi, cfg, prec, dr,
+                                           cm=cm)
         grads = [t.reshape(B, H, T, Dp)[..., :D].to(in_dtype) for t in (dq, dk, dv)]
         dridge = None
         if ridge_shape is not None and ctx.needs_input_grad[3]:
