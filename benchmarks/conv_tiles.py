@@ -62,7 +62,8 @@ def main(argv=None) -> int:
                 if tiles is not None:
                     mod.DZ_BT, mod.BC, mod.DZ_WARPS, mod.TB = tiles
                     assert mod.TB % 32 == 0 and mod.TB % mod.DZ_BT == 0, tiles
-                # the two passes, and (this file's) the one pass, which must give the two passes' numbers
+                # the two passes; a file's one-pass backward too where it has one (as up to 2026-12-03), which must
+                # give the two passes' numbers
                 fns = {label: mod.backward} | ({f"{label}, one pass": mod.backward_fused}
                                                if hasattr(mod, "backward_fused") else {})
                 for name, fn in fns.items():

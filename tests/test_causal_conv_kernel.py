@@ -90,27 +90,3 @@ def test_off_the_gpu_the_pytorch_form_runs_unchanged():
     c = m.conv.conv
     want = F.silu(F.conv1d(x.transpose(1, 2), c.weight, c.bias, padding=3, groups=6)[..., :9].transpose(1, 2))
     assert torch.equal(m(x), want)
-
-
-FUSED = r"""
-from mixzoo.kernels import causal_conv_triton as K
-gen = torch.Generator().manual_seed(0)
-out = []
-for dt, W, silu, has_bias, T in ((torch.float32, 4, True, True, 301), (torch.bfloat16, 3, False, False, 45),
-                                 (torch.bfloat16, 4, True, False, 7)):
-    x = torch.randn(2, T, 70, generator=gen).to(dt)
-    w = torch.randn(70, W, generator=gen) * 0.5
-    b = torch.randn(70, generator=gen) * 0.1 if has_bias else None
-    dy = torch.randn(2, T, 70, generator=gen).to(dt)
-    two, one = K.backward(x, w, b, silu, dy), K.backward_fused(x, w, b, silu, dy)
-    out.append([bool(torch.equal(p, q)) for p, q in zip(two, one) if p is not None])
-print("RESULT", json.dumps(out))
-"""
-
-
-def test_the_one_pass_backward_gives_the_two_passes_numbers():
-    """``backward_fused`` (dz recomputed at the W - 1 later positions instead of written and read back): bit for
-    bit the two-pass backward's dx, dw and db, in float32 and bf16, with and without SiLU and bias, a length across
-    three spans of positions, one within a span, and one shorter than the kernel's width."""
-    r = run_interpreted(FUSED, drop=("MIXZOO_CONV",))
-    assert r == [[True, True, True], [True, True], [True, True]], r

@@ -79,9 +79,6 @@ def _cases():
                                                                    dz=P("fp32"), dwp=P("fp32"), dbp=P("fp32"), T="i32",
                                                                    C="i32"),
              dict(W=3, HAS_BIAS=False, SILU=False, BT=C.DZ_BT, BC=C.BC, BW=4, TB=C.TB)),
-            ("conv dz+dx in one pass " + dt, C._dzdx_kernel,
-             dict(x=P(dt), w=P("fp32"), bias=P("fp32"), dy=P("bf16"), dx=P(dt), dwp=P("fp32"), dbp=P("fp32"), T="i32",
-                  C="i32"), dict(W=4, HAS_BIAS=True, SILU=True, BT=C.DZ_BT, BC=C.BC, BW=4, TB=C.TB)),
             ("conv dx " + dt, C._dx_kernel, dict(dz=P("fp32"), w=P("fp32"), dx=P(dt), T="i32", C="i32"),
              dict(W=4, BT=C.BT, BC=C.BC, TB=C.TB)),
         ]

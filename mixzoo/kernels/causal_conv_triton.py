@@ -123,30 +123,6 @@ def _dx_kernel(dz, w, dx, T, C, W: tl.constexpr, BT: tl.constexpr, BC: tl.conste
         tl.store(dx + base + t.to(tl.int64)[:, None] * C + c[None, :], acc.to(dx.dtype.element_ty), mask=m)
 
 
-@triton.jit
-def _dzdx_kernel(x, w, bias, dy, dx, dwp, dbp, T, C, W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
-                 BT: tl.constexpr, BC: tl.constexpr, BW: tl.constexpr, TB: tl.constexpr):
-    """The backward in one pass, dz never written: per block, dz at the block's positions (for dw, db) and at
-    the W - 1 positions after each (recomputed from x and dy, which the cache holds), and dx[t] = sum_j w_j
-    dz[t + W - 1 - j]. The same operations in the same order as ``_dz_kernel`` then ``_dx_kernel``, so the same
-    numbers; it reads x and dy and writes dx (the two passes also write dz in float32 and read it back)."""
-    b, tb, c, mc, base, jj, mw, w3, bv = _grad_setup(w, bias, T, C, W, HAS_BIAS, BC, BW)
-    dbs = tl.zeros([BT, BC], tl.float32)
-    dws = tl.zeros([BW, BT, BC], tl.float32)
-    for t0 in tl.range(tb * TB, tb * TB + TB, BT):
-        t = t0 + tl.arange(0, BT)
-        acc = tl.zeros([BT, BC], tl.float32)
-        for j in tl.static_range(W):
-            g, xs = _dz_block(x, w3, bv, dy, base, t + (W - 1) - j, T, C, c, mc, mw, jj, W, SILU)
-            acc += g * tl.load(w + c * W + j, mask=mc, other=0.).to(tl.float32)[None, :]
-            if j == W - 1:                       # the block's own positions
-                dbs += g
-                dws += xs * g[None, :, :]
-        m = (t < T)[:, None] & mc[None, :]
-        tl.store(dx + base + t.to(tl.int64)[:, None] * C + c[None, :], acc.to(dx.dtype.element_ty), mask=m)
-    _store_partials(dwp, dbp, dws, dbs, b, tb, C, c, mc, jj, mw, W)
-
-
 BT, BC = 32, 64
 # the weight-gradient pass holds W windows of x and their sums with dz, (BW, DZ_BT, BC) each: at 8 positions
 # and 2 warps ptxas gives sm_90a 128 registers and no spills (16 positions and 4 warps: 225)
@@ -173,9 +149,10 @@ def forward(x, w, bias, silu: bool, out_dtype):
     return y
 
 
-def backward(x, w, bias, silu: bool, dy, one_pass: bool = False):
-    """-> dx (x's dtype), dw (C, W) float32, db (C,) float32 or None. ``one_pass``: in one kernel
-    (``_dzdx_kernel``, dz never written), the same numbers."""
+def backward(x, w, bias, silu: bool, dy):
+    """-> dx (x's dtype), dw (C, W) float32, db (C,) float32 or None. Two passes: dz (float32) with the weight and
+    bias gradients' partial sums, then dx from dz. (One pass recomputing dz at the W - 1 later positions instead of
+    writing it gave the same numbers and was 1.4-2.3x slower on the H200, 2026-12-03: benchmarks/h200-2026-12-03d.)"""
     B, T, C = x.shape
     W = w.shape[1]
     grid = _grid(B, T, C)
@@ -186,18 +163,10 @@ def backward(x, w, bias, silu: bool, dy, one_pass: bool = False):
         bias_ = bias if bias is not None else w
         tiles = dict(HAS_BIAS=bias is not None, SILU=silu, BT=DZ_BT, BC=BC, BW=triton.next_power_of_2(W),
                      num_warps=DZ_WARPS, TB=_span(T))
-        if one_pass:
-            _dzdx_kernel[grid](x, w, bias_, dy, dx, dwp, dbp, T, C, W=W, **tiles)
-        else:
-            dz = torch.empty(B, T, C, dtype=torch.float32, device=x.device)
-            _dz_kernel[grid](x, w, bias_, dy, dz, dwp, dbp, T, C, W=W, **tiles)
-            _dx_kernel[grid](dz, w, dx, T, C, W=W, BT=BT, BC=BC, TB=_span(T))
+        dz = torch.empty(B, T, C, dtype=torch.float32, device=x.device)
+        _dz_kernel[grid](x, w, bias_, dy, dz, dwp, dbp, T, C, W=W, **tiles)
+        _dx_kernel[grid](dz, w, dx, T, C, W=W, BT=BT, BC=BC, TB=_span(T))
     else:
         dwp.zero_()
         dbp.zero_()
     return dx, dwp.sum(0).t().contiguous(), (dbp.sum(0) if bias is not None else None)
-
-
-def backward_fused(x, w, bias, silu: bool, dy):
-    """``backward`` in one pass, to be timed against the two (benchmarks/conv_tiles.py)."""
-    return backward(x, w, bias, silu, dy, one_pass=True)

@@ -454,25 +454,3 @@ def test_ssd_bf16_products_side_by_side():
           + "; ".join(f"{k} {v:.3f}" for k, v in times.items()))
     assert max(max(e) for e in errs["ieee"]) < 1e-5, errs
     assert max(max(e) for e in errs["bf16"]) < 2e-2, errs
-
-
-def test_short_convolution_one_pass_backward():
-    """``causal_conv_triton.backward_fused`` (dz recomputed, never written) on the device: bit for bit the two-pass
-    backward's dx, dw, db at gdn's convolution of the mad recipe (384 channels, width 4, SiLU, bias, bfloat16), one
-    model at length 128 and six stacked at 1024; both timed, printed (which is the default is decided from them)."""
-    from mixzoo.kernels import causal_conv as C
-    from mixzoo.kernels import causal_conv_triton as K
-    assert C.usable(torch.cuda.current_device())
-    g = torch.Generator(device="cuda").manual_seed(0)
-    w = torch.randn(384, 4, device="cuda", generator=g) * 0.5
-    b = torch.randn(384, device="cuda", generator=g) * 0.1
-    out = []
-    for B, T in ((128, 128), (768, 1024)):
-        x = torch.randn(B, T, 384, device="cuda", generator=g).bfloat16()
-        dy = torch.randn(B, T, 384, device="cuda", generator=g).bfloat16()
-        two, one = K.backward(x, w, b, True, dy), K.backward_fused(x, w, b, True, dy)
-        assert all(torch.equal(p, q) for p, q in zip(two, one))
-        t = {name: _timed(lambda fn=fn, x=x, dy=dy: fn(x, w, b, True, dy), graph=False, iters=20)
-             for name, fn in (("two passes", K.backward), ("one pass", K.backward_fused))}
-        out.append(f"({B}, {T}): " + ", ".join(f"{k} {v:.3f} ms" for k, v in t.items()))
-    print("\nshort convolution backward: " + "; ".join(out))
