@@ -166,11 +166,12 @@ print("RESULT", json.dumps([r.backend for r in rs] + [rs[0].step_mode]))
 """
 
 
-@pytest.mark.parametrize("mixer", ["gdn", "lla"])
+@pytest.mark.parametrize("mixer", ["gdn", "lla", "softmax"])
 def test_a_fresh_stacked_process_takes_the_fast_paths(mixer):
     """A sweep's worker starts with a stacked step: its first forward runs under vmap. gdn's backward
     must still take mixzoo's Triton dqkwg step there (its self-check once answered False under vmap for
-    the whole process) and LLA its Triton kernel, folded (it once fell back to eager)."""
+    the whole process), LLA its Triton kernel with the explicit solve of heads of 8, folded (it once fell back to
+    eager), and softmax mixzoo's attention kernels for heads of 8 (their self-check also runs under vmap)."""
     import subprocess
     import sys
     from pathlib import Path
@@ -180,7 +181,8 @@ def test_a_fresh_stacked_process_takes_the_fast_paths(mixer):
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads([x for x in p.stdout.splitlines() if x.startswith("RESULT ")][-1][len("RESULT "):])
     from mixzoo.kernels.fla_dqkwg import triton_refused
-    want = {"gdn": "fla-chunk+triton-dqkwg" if triton_refused() else "fla-chunk", "lla": "triton"}[mixer]
+    want = {"gdn": "fla-chunk+triton-dqkwg" if triton_refused() else "fla-chunk", "lla": "triton-direct",
+            "softmax": "triton-attn"}[mixer]
     assert r == [want, want, "stacked+graphed"], r
 
 
