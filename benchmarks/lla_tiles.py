@@ -71,9 +71,12 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=240.0)
     ap.add_argument("--solves", default="cg,direct,direct1")
     ap.add_argument("--sweep", default="direct")
+    ap.add_argument("--cands", default="", help="tiles to sweep, BMxBNxWARPSxSTAGES comma separated (default CANDS)")
+    ap.add_argument("--kinds", default="fwd,bwd_q,bwd_kv", help="the kernels whose tiles are swept")
     ap.add_argument("--out")
     a = ap.parse_args(argv)
     solves, sweep = a.solves.split(","), [x for x in a.sweep.split(",") if x]
+    cands = [tuple(int(v) for v in c.split("x")) for c in a.cands.split(",") if c] or CANDS
     t0, rows = time.time(), []
     print(f"device {torch.cuda.get_device_name()}; BH={a.bh} d=8 (padded 16) lam={a.lam}; defaults "
           f"{ {k: v[16] for k, v in K.CONFIGS.items()} }", flush=True)
@@ -89,8 +92,8 @@ def main(argv=None) -> int:
                              it_bwd=itb, max_rel_vs_first=err))
         for sol in sweep:
             tf0, tb0, ref = base[sol]
-            for kind in ("fwd", "bwd_q", "bwd_kv"):
-                for c in CANDS:
+            for kind in a.kinds.split(","):
+                for c in cands:
                     if c == K.CONFIGS[kind][16] or time.time() - t0 > a.budget_s:
                         continue
                     try:
