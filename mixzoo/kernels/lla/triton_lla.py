@@ -649,9 +649,17 @@ def _pad_dim(x, dp):
     return x if d == dp else torch.nn.functional.pad(x, (0, dp - d))
 
 
-def _cfg(kind, dp, override):
+# The explicit solve's forward and query-pass kernels at 3 stages (heads of at most 8, padded to 16): on the H200
+# (BH 2048, λ 1, the backward taking the forward's C) the forward 0.94-0.98x and the query pass 0.98x the time at 2
+# stages at lengths 128-1024, the same outputs (benchmarks/h200-2026-12-03d/lla-c-tiles-02d5346.log)
+CONFIGS_DIRECT = {"fwd": {16: (64, 64, 4, 3)}, "bwd_q": {16: (64, 64, 4, 3)}}
+
+
+def _cfg(kind, dp, override, direct=False):
     if override and kind in override:
         return override[kind]
+    if direct and dp in CONFIGS_DIRECT.get(kind, {}):
+        return CONFIGS_DIRECT[kind][dp]
     return CONFIGS[kind][dp]
 
 
@@ -683,7 +691,7 @@ def lla_forward(q, k, v, lam, scale, tol, max_iter, jacobi, cfg=None, store_y=Tr
     Returns o, y (fp32), lse (log2-sum-exp per row), and the CG iterations per query tile (0: direct)."""
     BH, T, Dp = q.shape
     prec = precision_level(float(lam.min())) if prec is None else int(prec)
-    BM, BN, nw, ns = _cfg("fwd", Dp, cfg)
+    BM, BN, nw, ns = _cfg("fwd", Dp, cfg, direct=dr is not None)
     o = torch.empty_like(q)
     y = torch.empty(BH, T, Dp, device=q.device, dtype=torch.float32) if store_y else torch.empty(1, device=q.device)
     lse = torch.empty(BH, T, device=q.device, dtype=torch.float32)
@@ -710,7 +718,7 @@ def lla_backward(q, k, v, g, lam, y, lse, scale, tol, max_iter, jacobi, cfg=None
     forward's; ``cm``: the forward's C, from ``lla_forward(cm=...)``, else C is summed again)."""
     prec = precision_level(float(lam.min())) if prec is None else int(prec)
     BH, T, Dp = q.shape
-    BM, BN, nw, ns = _cfg("bwd_q", Dp, cfg)
+    BM, BN, nw, ns = _cfg("bwd_q", Dp, cfg, direct=dr is not None)
     dq = torch.empty_like(q)
     nu = torch.empty(BH, T, Dp, device=q.device, dtype=torch.float32)
     rows = torch.empty(BH, T, 4, device=q.device, dtype=torch.float32)
