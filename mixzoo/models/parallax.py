@@ -9,14 +9,16 @@ RMSNorm (``r_norm``) and, as an option, the same rotary embedding as q and k (``
 learnable sigmoid gate per head and token (``gate_r``, the paper's gated variant). Diagnostics:
 the correction-to-output ratio, the stable rank of W_R and the gate (``diagnostics``).
 
-Paths: ``fla-parallel`` (fla's Triton ``parallel_parallax``, GPU, bf16/fp16 inputs only) and
-``torch`` (the exact O(T²) form above, any device and dtype).
+Paths: ``fla-parallel`` (fla's Triton ``parallel_parallax``, GPU, bf16/fp16 inputs only),
+``fla-parallel+tiles`` (the same kernels launched at mixzoo's tiles, ``mixzoo.kernels.parallax_tiles``, where
+``MIXZOO_PARALLAX_TILES=mixzoo``) and ``torch`` (the exact O(T²) form above, any device and dtype).
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
+from ..kernels import parallax_tiles as _tiles
 from ..registry import register_mixer
 from . import _fla
 from .common import RMSNorm, merge_heads, rope, split_heads
@@ -118,6 +120,9 @@ class Parallax(nn.Module):
             D = v.shape[-1]
             tt = lambda t: t.transpose(1, 2)
             q, r, k, v = _fla.pad_heads(tt(q), tt(r), tt(k), tt(v))
+            if _tiles.runs_on(q):                  # fla's kernels at mixzoo's tiles (folded when stacking)
+                self.backend = "fla-parallel+tiles"
+                fast = _fla._op("mixzoo.kernels.parallax_tiles", "parallax")
             o = fast(q, r, k, v, scale=D ** -0.5)[..., :D].transpose(1, 2)
         else:
             self.backend = "torch"
