@@ -29,8 +29,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-# mixzoo's backbone kernels: (module, launcher) pairs whose outputs count as one operator each
-KERNELS = (("mixzoo.kernels.swiglu_triton", "forward"), ("mixzoo.kernels.swiglu_triton", "backward"),
+# mixzoo's kernels (the backbone's, Mamba-2's within-chunk SSD, softmax attention's): (module, launcher) pairs whose
+# outputs count as one operator each
+KERNELS = (("mixzoo.kernels.attn", "_launch_fwd"), ("mixzoo.kernels.attn", "_launch_bwd"),
+           ("mixzoo.kernels.swiglu_triton", "forward"), ("mixzoo.kernels.swiglu_triton", "backward"),
            ("mixzoo.kernels.rmsnorm_triton", "forward"), ("mixzoo.kernels.rmsnorm_triton", "backward"),
            ("mixzoo.kernels.rope_triton", "rotate"), ("mixzoo.kernels.causal_conv_triton", "forward"),
            ("mixzoo.kernels.causal_conv_triton", "backward"), ("mixzoo.kernels.ssd_intra_triton", "forward"),

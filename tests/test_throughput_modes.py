@@ -333,7 +333,7 @@ def test_step_bytes_attributes_a_whole_step_on_the_cpu():
 
 
 def test_step_bytes_counts_the_backbone_kernels_as_their_outputs():
-    """``step_bytes.py --kernels`` (Triton's interpreter): each of mixzoo's backbone kernels is one
+    """``step_bytes.py --kernels`` (Triton's interpreter): each of mixzoo's kernels (the backbone's, softmax attention's) is one
     operator writing its outputs; the step writes less than with the PyTorch forms."""
     import os
     import subprocess
