@@ -203,7 +203,8 @@ def test_small_heads_solve_directly():
     """Heads of at most 8 dims (the mad recipe's 16 heads of 8) form C = Σ a (k - k̄)(k - k̄)ᵀ + λI in the
     moment pass and solve it in registers (no CG pass over the keys, forward or backward); output and
     gradients as close to the float64 reference as CG's, at the precision levels 3, 2 and 0 for a
-    head of 8, at level 2 for one of 5 (padded to 8 inside the solve, to 16 for the matmuls); also with the output
+    head of 8, at level 2 for one of 5 (padded to 8 inside the solve, to 16 for the matmuls), at level 3 for one of 4
+    (a solve over 4 dims); also with the output
     formed from moments of the first pass (``onepass``). The backward's ν solve takes the forward's C
     (``c_from_forward``, the default): the errors are those of summing C again in the backward, to rounding."""
     code = DIRECT.format(bench=str(ROOT / "benchmarks"), root=str(ROOT))
