@@ -91,11 +91,12 @@ def _dp(D: int) -> int:
 
 def _tiles(tiles: dict | None) -> dict:
     t = dict(TILES, **(tiles or {}))
-    for name, (a, b, _, _) in t.items():
-        if max(a, b) % min(a, b):
-            raise ValueError(f"attention tiles {name}: {a} x {b}; the larger must be a multiple of the smaller")
-    if t["fwd"][0] % t["fwd"][1] or t["dq"][0] % t["dq"][1] or t["dkdv"][1] % t["dkdv"][0]:
-        raise ValueError(f"attention tiles {t}: forward and dq need rows % keys == 0, dk/dv keys % rows == 0")
+    for name, (rows, keys, _, _) in t.items():          # the loops' causal split: the larger side a multiple
+        big, small = (keys, rows) if name == "dkdv" else (rows, keys)
+        if big % small:
+            raise ValueError(f"attention tiles {name}: {rows} x {keys}; the "
+                             f"{'keys' if name == 'dkdv' else 'rows'} must be a multiple of the "
+                             f"{'rows' if name == 'dkdv' else 'keys'}")
     return t
 
 
