@@ -4,7 +4,8 @@ and batch 768 (six stacked models of 128), beside fla's own launcher; outputs ch
 
     python benchmarks/parallax_tiles.py --T 256,1024 --out logs/parallax-tiles.json
 
-Candidates are (query rows, keys, warps) at 2 stages; each kernel is swept with the others at mixzoo's ``TILES``.
+Candidates are (query rows, keys, warps[, stages]), 2 stages unless named; each kernel is swept with the others at
+mixzoo's ``TILES``. A backward candidate's time is the whole backward (preprocess, dqr and dkv).
 """
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ import sys
 
 import torch
 
-CANDS = {"fwd": [(128, 128, 8), (128, 64, 8), (128, 32, 4), (64, 64, 4)],
-         "dqr": [(128, 128, 8), (128, 32, 4), (64, 64, 4), (64, 32, 4)],
-         "dkv": [(128, 128, 8), (64, 64, 4), (32, 64, 4), (32, 128, 4)]}
+CANDS = {"fwd": [(128, 128, 8), (64, 64, 4), (64, 32, 4), (32, 64, 4), (32, 32, 4), (64, 64, 8), (64, 64, 4, 3)],
+         "dqr": [(128, 128, 8), (64, 32, 4), (32, 32, 4), (64, 16, 4), (32, 64, 4), (64, 64, 4), (64, 32, 4, 3)],
+         "dkv": [(128, 128, 8), (64, 64, 4), (64, 32, 4), (32, 64, 4), (64, 64, 8), (64, 64, 4, 3)]}
 
 
 def _rel(a, b):
@@ -37,7 +38,7 @@ def _at(T, B, H, D, d, ms, P, X) -> list[dict]:
     print(json.dumps(rows[0]), flush=True)
     for kind, cands in CANDS.items():
         for c in cands:
-            tiles = {kind: (*c, 2)}
+            tiles = {kind: (*c, 2)[:4]}
             try:
                 xo = X.forward(q, r, k, v, s, tiles)
                 xg = X.backward(q, r, k, v, *xo, do, s, tiles)

@@ -19,14 +19,15 @@ GLA_SWITCHES = {"MIXZOO_GLA_DV": ("triton", "fla"), "MIXZOO_GLA_DQKG": ("triton"
 # softmax attention with heads of at most 16 (attn): mixzoo's Triton kernels or SDPA; the first is the default
 # (after the H200: a stacked+graphed softmax step 1.04x, benchmarks/h200-2026-12-03d)
 ATTN_CHOICES = ("triton", "sdpa")
-# Parallax: fla's kernels at fla's tiles or at mixzoo's (parallax_tiles); the first is the default
-PARALLAX_TILES = ("fla", "mixzoo")
+# Parallax: fla's kernels at mixzoo's tiles (parallax_tiles) or at fla's; the first is the default (after the H200:
+# benchmarks/h200-2026-12-03e)
+PARALLAX_TILES = ("mixzoo", "fla")
 # LLA's explicit solve (lla.triton_lla): the backward takes the forward's C ("forward") or sums it again
 LLA_C = ("forward", "summed")
 # LLA's explicit solve: the moment pass sums all 64 second moments of a head of 8 ("full") or its 36 unique ones
 LLA_S2 = ("full", "sym")
 NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS, "MIXZOO_ATTN": ATTN_CHOICES, "MIXZOO_LLA_C": LLA_C, "MIXZOO_LLA_S2": LLA_S2,
-                  "MIXZOO_PARALLAX_TILES": PARALLAX_TILES,                  "MIXZOO_SSD_DOT": SSD_FORMS, **GLA_SWITCHES}
+                  "MIXZOO_PARALLAX_TILES": PARALLAX_TILES, "MIXZOO_SSD_DOT": SSD_FORMS, **GLA_SWITCHES}
 
 
 def switch_error() -> str | None:

@@ -11,8 +11,8 @@ timed by ``benchmarks/parallax_tiles.py``.
 
 ``parallax(q, r, k, v, scale)`` takes fla's layout ((B, T, H, D), contiguous, bf16/fp16, equal query and key heads)
 and returns o as fla's ``parallel_parallax`` does, with fla's forward state and backward. ``runs_on`` says whether
-the ``parallax`` mechanism takes it: the switch ``MIXZOO_PARALLAX_TILES`` at ``mixzoo`` (``fla``, the default
-until timed on the H200, keeps fla's launcher), fla present, a CUDA device (or Triton's interpreter), not under
+the ``parallax`` mechanism takes it: the switch ``MIXZOO_PARALLAX_TILES`` at ``mixzoo``, the default (``fla`` keeps
+fla's launcher), fla present, a CUDA device (or Triton's interpreter), not under
 ``torch.compile``. Imports nothing of mixzoo.
 """
 from __future__ import annotations
@@ -24,9 +24,11 @@ import torch
 from . import PARALLAX_TILES
 from ._check import interpreting
 
-# (query rows, keys, warps, stages) per kernel; dkv's program holds keys and walks query rows. No register spills
-# for sm_90a at heads of 16 (ptxas -v: 181, 236 and 242 registers).
-TILES = {"fwd": (128, 64, 8, 2), "dqr": (128, 32, 4, 2), "dkv": (32, 64, 4, 2)}
+# (query rows, keys, warps, stages) per kernel; dkv's program holds keys and walks query rows. The fastest of
+# benchmarks/parallax_tiles.py's candidates on the H200 at lengths 256 and 1024 (benchmarks/h200-2026-12-03e); no
+# register spills for sm_90a at heads of 16 (ptxas -v: 139, 160 and 255 registers; fla's 128 x 128 x 8 spills
+# 36 bytes a thread in dqr and 624 in dkv).
+TILES = {"fwd": (64, 64, 4, 2), "dqr": (64, 32, 4, 2), "dkv": (64, 64, 4, 2)}
 
 
 def _cdiv(a: int, b: int) -> int:

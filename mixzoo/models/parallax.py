@@ -10,8 +10,8 @@ learnable sigmoid gate per head and token (``gate_r``, the paper's gated variant
 the correction-to-output ratio, the stable rank of W_R and the gate (``diagnostics``).
 
 Paths: ``fla-parallel`` (fla's Triton ``parallel_parallax``, GPU, bf16/fp16 inputs only),
-``fla-parallel+tiles`` (the same kernels launched at mixzoo's tiles, ``mixzoo.kernels.parallax_tiles``, where
-``MIXZOO_PARALLAX_TILES=mixzoo``) and ``torch`` (the exact O(T²) form above, any device and dtype).
+``fla-parallel+tiles`` (the same kernels launched at mixzoo's tiles, ``mixzoo.kernels.parallax_tiles``; the
+default, ``MIXZOO_PARALLAX_TILES=fla`` for fla's launcher) and ``torch`` (the exact O(T²) form above, any device and dtype).
 """
 from __future__ import annotations
 
