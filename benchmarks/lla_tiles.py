@@ -10,9 +10,8 @@ default tiles' (the tile changes the summation order only). Inputs: Gaussian q, 
 to 16 (as ``lla()`` pads them), the ridge ``--lam`` everywhere (mixzoo's default ridge 1.0 runs at
 precision level 2). ``--solves``: the solves timed side by side at the default tiles (``cg``: conjugate
 gradients; ``direct``: the explicit solve of heads of at most 8 dims, C summed again in the backward; ``directc``:
-the same with the forward's C kept for the backward, as the mechanism runs it; ``directs``: that with the symmetric
-moment pass; ``direct1``: the output formed from the moment pass, ``onepass``); ``--sweep``: those whose tiles are
-then swept.
+the same with the forward's C kept for the backward, as the mechanism runs it; ``direct1``: the output formed from
+the moment pass, ``onepass``); ``--sweep``: those whose tiles are then swept.
 """
 from __future__ import annotations
 
@@ -42,9 +41,8 @@ def _rel(a, b):
 
 
 # directc: the explicit solve with the forward's C kept for the backward (``cm``, as ``LLAFunction`` runs it by default)
-# directs: directc with the symmetric moment pass (C's 36 unique second moments, MIXZOO_LLA_S2=sym)
 SOLVES = {"cg": dict(dr=None, onepass=False), "direct": dict(dr=8, onepass=False), "direct1": dict(dr=8, onepass=True),
-          "directc": dict(dr=8, onepass=False, cm=True, sym=False), "directs": dict(dr=8, onepass=False, cm=True, sym=True)}
+          "directc": dict(dr=8, onepass=False, cm=True)}
 
 
 def run(BH, T, lam, cfg, d=8, Dp=16, solve="cg"):

@@ -153,7 +153,7 @@ def test_stacked_layers_run_the_kernel_once_for_all_models():
 
 
 DIRECT = r"""
-import json, os, sys
+import json, sys
 sys.path.insert(0, {bench!r}); sys.path.insert(0, {root!r})
 import lla_small_ridge as L
 import torch
@@ -175,21 +175,14 @@ for D, lams in ((8, (0.01, 1.0, 30.0)), (5, (1.0,)), (4, (0.01,))):
         res = {{}}
         b0, took = triton_lla.lla_backward, []
         triton_lla.lla_backward = lambda *a, **kw: took.append(kw.get("cm") is not None) or b0(*a, **kw)
-        p0, sym_calls = triton_lla._pair_tables, []
-        triton_lla._pair_tables = lambda dev: sym_calls.append(1) or p0(dev)
-        for solve, onepass, cf, sym in (("direct", False, True, False), ("direct", True, True, False),
-                                        ("direct", False, False, False), ("direct", False, True, True),
-                                        ("cg", False, True, False)):
+        for solve, onepass, cf in (("direct", False, True), ("direct", True, True), ("direct", False, False),
+                                   ("cg", False, True)):
             triton_lla.DEFAULTS["onepass"], triton_lla.DEFAULTS["c_from_forward"] = onepass, cf
-            os.environ["MIXZOO_LLA_S2"] = "sym" if sym else "full"
             xs = [t.clone().requires_grad_(True) for t in (q, k, v)]
             o = triton_lla.lla(*xs, ridge=lam, solve=solve)
             o.backward(go.bfloat16())
-            name = solve + ("-onepass" if onepass else "") + ("" if cf else "-c-summed-again") + ("-sym" if sym else "")
+            name = solve + ("-onepass" if onepass else "") + ("" if cf else "-c-summed-again")
             res[name] = [L._rel(o, ref)] + [L._rel(a.grad, b.grad) for a, b in zip(xs, xd)]
-        os.environ.pop("MIXZOO_LLA_S2")
-        triton_lla._pair_tables = p0
-        res["symmetric moment pass ran"] = len(sym_calls)
         triton_lla.lla_backward = b0
         res["backward took the forward's C"] = took
         triton_lla.DEFAULTS["onepass"], triton_lla.DEFAULTS["c_from_forward"] = False, True
@@ -213,8 +206,7 @@ def test_small_heads_solve_directly():
     head of 8, at level 2 for one of 5 (padded to 8 inside the solve, to 16 for the matmuls), at level 3 for one of 4
     (a solve over 4 dims); also with the output
     formed from moments of the first pass (``onepass``). The backward's ν solve takes the forward's C
-    (``c_from_forward``, the default): the errors are those of summing C again in the backward, to rounding; so are
-    those of the symmetric moment pass (``MIXZOO_LLA_S2=sym``: C's 36 unique sums, heads of 5 to 8)."""
+    (``c_from_forward``, the default): the errors are those of summing C again in the backward, to rounding."""
     code = DIRECT.format(bench=str(ROOT / "benchmarks"), root=str(ROOT))
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=600)
@@ -223,16 +215,13 @@ def test_small_heads_solve_directly():
     print(json.dumps(r, indent=1))
     for case, res in r.items():
         assert res["its"]["direct"] == [0, 0] and min(res["its"]["cg"]) > 0, (case, res["its"])
-        assert res["rel"]["backward took the forward's C"] == [True, True, False, True, False], (case, res["rel"])
-        # the symmetric moment pass (MIXZOO_LLA_S2=sym) where it applies: heads of 5 to 8 (padded to 16)
-        assert res["rel"]["symmetric moment pass ran"] == (0 if case.startswith("D4") else 1), (case, res["rel"])
-        for variant in ("direct", "direct-onepass", "direct-c-summed-again", "direct-sym"):
+        assert res["rel"]["backward took the forward's C"] == [True, True, False, False], (case, res["rel"])
+        for variant in ("direct", "direct-onepass", "direct-c-summed-again"):
             for name, err, cg in zip(("o", "dq", "dk", "dv"), res["rel"][variant], res["rel"]["cg"]):
                 assert err < (1e-2 if name == "o" else 2e-2), (case, variant, name, err)   # the GPU tests' tolerances
                 assert err < 2 * cg + 2e-3, (case, variant, name, err, cg)                  # no worse than CG's
-        for other in ("direct-c-summed-again", "direct-sym"):     # the same errors as the default path's
-            for name, a, b in zip(("o", "dq", "dk", "dv"), res["rel"]["direct"], res["rel"][other]):
-                assert abs(a - b) <= 0.1 * b + 2e-4, (case, other, name, a, b)
+        for name, a, b in zip(("o", "dq", "dk", "dv"), res["rel"]["direct"], res["rel"]["direct-c-summed-again"]):
+            assert abs(a - b) <= 0.1 * b + 2e-4, (case, name, a, b)          # C from the forward: the same errors
 
 
 def test_solve_choice():

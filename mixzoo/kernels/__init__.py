@@ -24,9 +24,7 @@ ATTN_CHOICES = ("triton", "sdpa")
 PARALLAX_TILES = ("mixzoo", "fla")
 # LLA's explicit solve (lla.triton_lla): the backward takes the forward's C ("forward") or sums it again
 LLA_C = ("forward", "summed")
-# LLA's explicit solve: the moment pass sums all 64 second moments of a head of 8 ("full") or its 36 unique ones
-LLA_S2 = ("full", "sym")
-NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS, "MIXZOO_ATTN": ATTN_CHOICES, "MIXZOO_LLA_C": LLA_C, "MIXZOO_LLA_S2": LLA_S2,
+NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS, "MIXZOO_ATTN": ATTN_CHOICES, "MIXZOO_LLA_C": LLA_C,
                   "MIXZOO_PARALLAX_TILES": PARALLAX_TILES, "MIXZOO_SSD_DOT": SSD_FORMS, **GLA_SWITCHES}
 
 

@@ -335,10 +335,10 @@ def _cg_solve(rhs, q, kbar, lse2, lam, dinv, Kb, offs_m, offs_d, hi, T, sc2, tol
 
 
 @triton.jit
-def _lla_fwd(Q, K, V, LAM, OUT, Y, LSE, ITS, CM, PI, PJ, XI, XJ, T, sc2, tol2, max_iter,
+def _lla_fwd(Q, K, V, LAM, OUT, Y, LSE, ITS, CM, T, sc2, tol2, max_iter,
              D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, JACOBI: tl.constexpr, STORE_Y: tl.constexpr,
              PREC: tl.constexpr, DR: tl.constexpr, DIRECT: tl.constexpr, ONEPASS: tl.constexpr,
-             STORE_C: tl.constexpr, SYM: tl.constexpr, S2W: tl.constexpr):
+             STORE_C: tl.constexpr):
     n_m = tl.cdiv(T, BM)
     pid_m = n_m - 1 - tl.program_id(0)            # longest tiles first
     bh = tl.program_id(1).to(tl.int64)
@@ -358,11 +358,8 @@ def _lla_fwd(Q, K, V, LAM, OUT, Y, LSE, ITS, CM, PI, PJ, XI, XJ, T, sc2, tol2, m
     wsum = tl.zeros([BM], tl.float32)
     mk = tl.zeros([BM, D], tl.float32)
     dg = tl.zeros([BM, D], tl.float32)
-    s2 = tl.zeros([BM, S2W], tl.float32)
+    s2 = tl.zeros([BM, DR * DR], tl.float32)
     mv = tl.zeros([BM, D], tl.float32)
-    if SYM:     # C's unique entries (i <= j): S2W of them by their own products, the rest in k's padded columns
-        pi, pj = tl.load(PI + tl.arange(0, S2W)), tl.load(PJ + tl.arange(0, S2W))
-        xi, xj = tl.load(XI + offs_d), tl.load(XJ + offs_d)
     vk = tl.zeros([BM, DR * DR], tl.float32)
     for start in range(0, hi, BN):
         offs_n = start + tl.arange(0, BN)
@@ -376,27 +373,12 @@ def _lla_fwd(Q, K, V, LAM, OUT, Y, LSE, ITS, CM, PI, PJ, XI, XJ, T, sc2, tol2, m
         if DIRECT:                                  # the weights as _moment_dot splits them, in k̄ and Σw too
             wb, wm, wl = _split3(w, DT)
             wsum = wsum * alpha + tl.sum(wb.to(tl.float32) + wm.to(tl.float32), 1)
-            if SYM:         # k kᵀ's last unique entries ride in k's zero columns DR.. (hi part; lo below)
-                nm = offs_n[:, None] < T
-                xm = nm & (xi >= 0)[None, :]
-                xh, xl = _hi_lo(tl.load(Kb + offs_n[:, None] * D + xi[None, :], mask=xm, other=0.0).to(tl.float32)
-                                * tl.load(Kb + offs_n[:, None] * D + xj[None, :], mask=xm, other=0.0).to(tl.float32), DT)
-                ke = k + xh
-            else:
-                ke = k
-            mk = tl.dot(wm, ke, tl.dot(wb, ke, mk * alpha[:, None]))
+            mk = tl.dot(wm, k, tl.dot(wb, k, mk * alpha[:, None]))
             if PREC >= 2:
                 wsum += tl.sum(wl.to(tl.float32), 1)
-                mk = tl.dot(wl, ke, mk)
-            if SYM:         # the same products per entry as _moment_dot's: wb.lo (and wm.lo) as well
-                mk = tl.dot(wb, xl, mk)
-                if PREC >= 2:
-                    mk = tl.dot(wm, xl, mk)
-                kkh, kkl = _hi_lo(tl.load(Kb + offs_n[:, None] * D + pi[None, :], mask=nm, other=0.0).to(tl.float32)
-                                  * tl.load(Kb + offs_n[:, None] * D + pj[None, :], mask=nm, other=0.0).to(tl.float32), DT)
-            else:
-                kr = _rows(Kb, offs_n, T, DR, D)
-                kkh, kkl = _outer(kr, kr, BN, DR, DT)
+                mk = tl.dot(wl, k, mk)
+            kr = _rows(Kb, offs_n, T, DR, D)
+            kkh, kkl = _outer(kr, kr, BN, DR, DT)
             s2 = _moment_dot(wb, wm, wl, kkh, kkl, s2 * alpha[:, None], PREC)
             if ONEPASS:                             # Σ w v and Σ w v kᵀ: the output without a second pass
                 v = tl.load(Vb + offs_n[:, None] * D + offs_d[None, :], mask=offs_n[:, None] < T, other=0.0)
@@ -416,18 +398,6 @@ def _lla_fwd(Q, K, V, LAM, OUT, Y, LSE, ITS, CM, PI, PJ, XI, XJ, T, sc2, tol2, m
             dg = tl.dot(wb, (kf * kf).to(DT), dg * alpha[:, None])
         m = m_new
     wsum = tl.where(wsum > 0, wsum, 1.0)
-    # every entry of S2 from the unique sums: 0/1 matrices (made through float32: the CPU tests' emulated bf16 casts
-    # would take a bool's bits) times the sums in three bf16 parts (~2^-24)
-    if SYM:
-        f = tl.arange(0, DR * DR)
-        pm = ((f[None, :] == (pi * DR + pj)[:, None]) | (f[None, :] == (pj * DR + pi)[:, None])).to(tl.float32).to(DT)
-        xmf = (((f[None, :] == (xi * DR + xj)[:, None]) | (f[None, :] == (xj * DR + xi)[:, None]))
-               & (xi >= 0)[:, None]).to(tl.float32).to(DT)
-        sh, sm, sl = _split3(s2, DT)
-        s2 = tl.dot(sl, pm, tl.dot(sm, pm, tl.dot(sh, pm)))
-        eh, em, el = _split3(tl.where((offs_d >= DR)[None, :], mk, 0.0), DT)
-        s2 = tl.dot(el, xmf, tl.dot(em, xmf, tl.dot(eh, xmf, s2)))
-        mk = tl.where((offs_d < DR)[None, :], mk, 0.0)
     kbar = mk / wsum[:, None]
     lse2 = m + tl.math.log2(wsum)
     bv = kbar - q.to(tl.float32)
@@ -710,15 +680,14 @@ def _iter_cap(max_iter, prec, Dp):
 
 
 def lla_forward(q, k, v, lam, scale, tol, max_iter, jacobi, cfg=None, store_y=True, prec=None, dr=None,
-                onepass=None, cm=None, sym=None):
+                onepass=None, cm=None):
     """q, k, v: (BH, T, Dp) contiguous, Dp a power of two >= 16; lam: (BH, T) fp32.
 
     ``prec`` (default: ``precision_level(lam.min())``) is the precision level; the backward must get the same.
     ``dr``: solve directly (``_direct_solve``) over the first ``dr`` head dims (4 or 8; the others zero), else CG;
     with it, ``onepass`` (default ``DEFAULTS["onepass"]``) sums Σ a v and Σ a v kᵀ in the moment pass and forms
     the output from them, without the output pass; and ``cm`` (a (BH, T, dr·dr) fp32 tensor, optional) receives
-    each row's C for the backward (``lla_backward(cm=...)``). ``sym`` (heads of 8 padded to 16; default
-    ``s2_symmetric()``): the moment pass sums C's 36 unique second moments, not all 64 (``_pair_tables``).
+    each row's C for the backward (``lla_backward(cm=...)``).
     Returns o, y (fp32), lse (log2-sum-exp per row), and the CG iterations per query tile (0: direct)."""
     BH, T, Dp = q.shape
     prec = precision_level(float(lam.min())) if prec is None else int(prec)
@@ -729,42 +698,12 @@ def lla_forward(q, k, v, lam, scale, tol, max_iter, jacobi, cfg=None, store_y=Tr
     n_m = triton.cdiv(T, BM)
     its = torch.empty(BH, n_m, device=q.device, dtype=torch.int32)
     _check_cm(cm, BH, T, dr)
-    sym = dr == 8 and Dp == 16 and (s2_symmetric() if sym is None else bool(sym))
-    pij = _pair_tables(q.device) if sym else (lse,) * 4
-    _lla_fwd[(n_m, BH)](q, k, v, lam, o, y, lse, its, lse if cm is None else cm, *pij, T, scale * LOG2E, tol * tol,
+    _lla_fwd[(n_m, BH)](q, k, v, lam, o, y, lse, its, lse if cm is None else cm, T, scale * LOG2E, tol * tol,
                         _iter_cap(max_iter, prec, Dp), D=Dp, BM=BM, BN=BN, JACOBI=jacobi, STORE_Y=store_y, PREC=prec,
                         DR=dr or 4, DIRECT=dr is not None,
                         ONEPASS=dr is not None and (DEFAULTS["onepass"] if onepass is None else bool(onepass)),
-                        STORE_C=cm is not None, SYM=sym, S2W=SYM_WIDTH if sym else (dr or 4) ** 2,
-                        num_warps=nw, num_stages=ns)
+                        STORE_C=cm is not None, num_warps=nw, num_stages=ns)
     return o, y, lse, its
-
-
-# The symmetric moment pass (``sym``, heads of 8 padded to 16): of k kᵀ's 36 unique entries (i <= j) the first
-# SYM_WIDTH go through the moment products as a tile of their own (half the 64 columns of the full one), the other 4
-# in columns 8..11 of k, zero there, through the products that sum k̄. Each entry gets the same products as before;
-# the order of their sums differs. Off by default until timed on the H200 (MIXZOO_LLA_S2=sym turns it on).
-SYM_WIDTH = 32
-_PAIRS: dict[str, tuple] = {}
-
-
-def s2_symmetric() -> bool:
-    return os.environ.get("MIXZOO_LLA_S2") == "sym"
-
-
-def _pair_tables(device) -> tuple:
-    """(PI, PJ, XI, XJ) int32 on ``device``: the first SYM_WIDTH unique pairs (i, j), i <= j, of 8 dims, and the
-    rest at positions 8.. of 16 (-1 elsewhere)."""
-    key = str(device)
-    if key not in _PAIRS:
-        pairs = [(i, j) for i in range(8) for j in range(i, 8)]
-        main, rest = pairs[:SYM_WIDTH], pairs[SYM_WIDTH:]
-        xi, xj = [-1] * 16, [-1] * 16
-        for c, (i, j) in enumerate(rest):
-            xi[8 + c], xj[8 + c] = i, j
-        t = lambda xs: torch.tensor(xs, dtype=torch.int32, device=device)        # noqa: E731
-        _PAIRS[key] = (t([i for i, _ in main]), t([j for _, j in main]), t(xi), t(xj))
-    return _PAIRS[key]
 
 
 def _check_cm(cm, BH, T, dr):
