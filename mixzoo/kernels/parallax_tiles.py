@@ -25,10 +25,10 @@ from . import PARALLAX_TILES
 from ._check import interpreting
 
 # (query rows, keys, warps, stages) per kernel; dkv's program holds keys and walks query rows. The fastest of
-# benchmarks/parallax_tiles.py's candidates on the H200 at lengths 256 and 1024 (benchmarks/h200-2026-12-03e); no
-# register spills for sm_90a at heads of 16 (ptxas -v: 139, 160 and 255 registers; fla's 128 x 128 x 8 spills
-# 36 bytes a thread in dqr and 624 in dkv).
-TILES = {"fwd": (64, 64, 4, 2), "dqr": (64, 32, 4, 2), "dkv": (64, 64, 4, 2)}
+# benchmarks/parallax_tiles.py's candidates on the H200 at lengths 256 and 1024 (benchmarks/h200-2026-12-03e: 3
+# stages faster for fwd and dqr at both, mixed for dkv); no register spills for sm_90a at heads of 16 (ptxas -v: 139,
+# 160 and 255 registers; fla's 128 x 128 x 8 spills 36 bytes a thread in dqr and 624 in dkv).
+TILES = {"fwd": (64, 64, 4, 3), "dqr": (64, 32, 4, 3), "dkv": (64, 64, 4, 2)}
 
 
 def _cdiv(a: int, b: int) -> int:
