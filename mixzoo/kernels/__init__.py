@@ -24,11 +24,8 @@ ATTN_CHOICES = ("triton", "sdpa")
 PARALLAX_TILES = ("mixzoo", "fla")
 # LLA's explicit solve (lla.triton_lla): the backward takes the forward's C ("forward") or sums it again
 LLA_C = ("forward", "summed")
-# MesaNet's CG kernels (mesa_cg): launched at (warps, stages); the first is the default (fla's own)
-MESA_CG = ("4,1", "8,1", "2,1", "4,2", "8,2", "2,2")
 NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS, "MIXZOO_ATTN": ATTN_CHOICES, "MIXZOO_LLA_C": LLA_C,
-                  "MIXZOO_PARALLAX_TILES": PARALLAX_TILES, "MIXZOO_SSD_DOT": SSD_FORMS, "MIXZOO_MESA_CG": MESA_CG,
-                  **GLA_SWITCHES}
+                  "MIXZOO_PARALLAX_TILES": PARALLAX_TILES, "MIXZOO_SSD_DOT": SSD_FORMS, **GLA_SWITCHES}
 
 
 def switch_error() -> str | None:

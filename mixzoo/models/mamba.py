@@ -60,6 +60,30 @@ def _selective_scan_cuda():
         return None
 
 
+@functools.cache
+def ssd_combined():
+    """mamba-ssm's Triton SSD entry point (``mamba_chunk_scan_combined``, the official Mamba-2 kernels), or
+    None. Those kernels are Triton only, but the package's ``__init__`` imports its compiled selective-scan
+    extension first, which a source install without CUDA builds lacks; so where the package has not been
+    imported, its modules are loaded under a bare package module (the package's own folder, its ``__init__``
+    not run). Nothing is stubbed: whatever needs the extension still fails to import."""
+    import importlib
+    import importlib.util
+    import types
+    try:
+        if "mamba_ssm" not in sys.modules:
+            spec = importlib.util.find_spec("mamba_ssm")
+            if spec is None or not spec.submodule_search_locations:
+                return None
+            pkg = types.ModuleType("mamba_ssm")
+            pkg.__path__ = list(spec.submodule_search_locations)
+            pkg.__spec__ = spec
+            sys.modules["mamba_ssm"] = pkg
+        return importlib.import_module("mamba_ssm.ops.triton.ssd_combined").mamba_chunk_scan_combined
+    except Exception:
+        return None
+
+
 def _signed(log_a: torch.Tensor, neg: bool):
     """log|a'| and the sign mask of a' = 2a - 1 (neg) or a' = a (not neg), from log a."""
     if not neg:

@@ -17,7 +17,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels import mesa_cg as _mesa_cg
 from ..registry import register_mixer
 from . import _fla
 from ._parts import ConvAct, GatedNorm, l2norm
@@ -130,10 +129,7 @@ class MesaNet(nn.Module):
         beta = b.float().sigmoid()
         lamb = F.softplus(self.lam.float()) + self.lmin         # (H, D)
         if fast is not None:
-            # fla's CG kernels behind mixzoo's relaunch (mixzoo.kernels.mesa_cg): fla's launch settings unless
-            # MIXZOO_MESA_CG asks for others
-            cg = _mesa_cg.label() if _mesa_cg.install() else ""
-            self.backend = "fla-chunk" + ("+fla-l2norm" if in_kernel else "") + cg
+            self.backend = "fla-chunk" + ("+fla-l2norm" if in_kernel else "")
             T, D = x.shape[1], self.dh
             # The kernel is run at shapes seen to work on an H200: whole chunks of 64 and the head
             # dims of FLA_HEAD_DIMS. Zero padding is exact: padded positions come
