@@ -10,6 +10,10 @@ and of the gradients of x, dt, B and C).
     python benchmarks/mamba_ssd.py --T 128,256,512,1024 --B 768 --out logs/mamba-ssd.json
 
 Batch 768 is six stacked models of batch 128 (stacked steps fold the models into the batch).
+mamba-ssm's paths need its package on the GPU machine; its pure-Python wheel (the Triton kernels, no CUDA
+extension) is built here with ``MAMBA_SKIP_CUDA_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE .venv/bin/python -m pip wheel
+--no-deps --no-build-isolation mamba-ssm==2.3.2.post1 -w .whl`` (wheel and setuptools in .venv) and carried in
+``.whl/``, which scripts/gpu-zoo.sh installs.
 """
 from __future__ import annotations
 
