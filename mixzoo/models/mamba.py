@@ -14,6 +14,17 @@ one-launch Triton version where it has matched mixzoo's PyTorch version on the d
 (``fla-simple-gla+triton-dqkwg``), else as that PyTorch version (``fla-simple-gla+torch-dqkwg``;
 ``mixzoo.kernels.fla_dqkwg``).
 
+Narrower value heads (the mad recipe's 16 heads of 16) run on a GPU as mamba-ssm's Triton SSD
+(``mamba_chunk_scan_combined``, the official Mamba-2 kernels: softplus(dt + dt_bias), the skip D x
+and the scan in one call; backend ``mamba-ssm-ssd``) where that package is installed and its kernels
+have matched ``ssd_reference`` on the device at the layer's head, state and chunk sizes
+(``ssd_usable``), else as ``torch-chunk``. ``MIXZOO_MAMBA_SSD=torch-chunk`` keeps ``torch-chunk``
+(to time one against the other); ``backend="mamba-ssm"`` asks for the SSD and fails where it cannot
+run. Measured on one H200 (benchmarks/mamba_ssd.py, 16 heads of 16, d_state 64, batch 768): the
+SSD's forward and backward 1.02 / 1.36 / 1.38 / 1.37x torch-chunk's at lengths 128 / 256 / 512 / 1024.
+Stacked steps fold the models into its heads, the K models' B and C as its K groups
+(``mixzoo.train.vmapfold``).
+
 ``allow_neg_eigval`` maps the transition a in (0, 1) to 2a - 1 in (-1, 1) (Grazzi et al., 2025,
 for state tracking); signed decays run on ``torch-chunk`` only.
 
@@ -26,12 +37,15 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import sys
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels import MAMBA_SSD, switch_error
+from ..kernels._check import DeviceCheck
 from ..registry import register_mixer
 from . import _fla
 from ._parts import ConvAct, dt_bias_init
@@ -82,6 +96,69 @@ def ssd_combined():
         return importlib.import_module("mamba_ssm.ops.triton.ssd_combined").mamba_chunk_scan_combined
     except Exception:
         return None
+
+
+SSD_MODULE, SSD_FN = "mamba_ssm.ops.triton.ssd_combined", "mamba_chunk_scan_combined"
+# the self-check's bound on each norm-relative error against float64: bfloat16 inputs and products, float32
+# accumulation (measured 2.3e-3 at the mad recipe's sizes, benchmarks/h200-2026-12-04)
+SSD_TOLERANCE = 2e-2
+
+
+def ssd_reference(x, dt, A, Bm, Cm, D, dt_bias, chunk: int = 64):
+    """``mamba_chunk_scan_combined(x, dt, A, Bm, Cm, chunk, D=D, dt_bias=dt_bias, dt_softplus=True)`` in
+    PyTorch, as ``torch-chunk`` computes it: x (B, T, H, P), dt (B, T, H), A, D, dt_bias (H,), Bm, Cm
+    (B, T, 1, N) -> (B, T, H, P), in the inputs' floating dtype (float64 for the check)."""
+    hf = lambda t: t.transpose(1, 2)                                        # noqa: E731
+    dts = F.softplus(dt + dt_bias)
+    y = hf(simple_gla_chunk(hf(Cm), hf(Bm), hf(x), hf(A * dts), chunk=chunk, k_scale=hf(dts)))
+    return y + x * D[:, None]
+
+
+def ssd_errors(device_index: int, P: int, N: int, chunk: int) -> list[float]:
+    """Norm-relative errors of mamba-ssm's SSD against ``ssd_reference`` in float64 on ``device_index``, for the
+    output and the gradients of x, dt, A, B, C, D, dt_bias: 2 sequences, 3 heads of ``P``, state ``N``, two
+    chunks of ``chunk`` and a part of a third; x, dt, B and C bfloat16 (as autocast gives them), x and dt views
+    of a wider projection's rows (Mamba-2's layout). Raises where the op is missing."""
+    op = ssd_op()
+    if op is None:
+        raise RuntimeError("mamba-ssm's Triton SSD is not installed")
+    dev = torch.device("cuda", device_index)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    Bs, H, T = 2, 3, 2 * chunk + chunk // 2 + 1
+    proj = torch.randn(Bs, T, H * P + H + 3, generator=g)
+    x, dt = proj[..., :H * P].view(Bs, T, H, P), proj[..., H * P:H * P + H] * 0.5 - 1.0
+    Bm, Cm = (torch.randn(Bs, T, 1, N, generator=g) * N ** -0.5 for _ in range(2))
+    A = -(torch.rand(H, generator=g) * 8 + 1)
+    D, dt_bias = torch.randn(H, generator=g), torch.randn(H, generator=g) * 0.5
+    dy = torch.randn(Bs, T, H, P, generator=g)
+    lo = [t.to(torch.bfloat16) if i in (0, 1, 3, 4) else t for i, t in enumerate((x, dt, A, Bm, Cm, D, dt_bias))]
+    ref = [t.double().to(dev).requires_grad_() for t in lo]
+    want = ssd_reference(*ref, chunk=16)
+    wants = [want.detach(), *torch.autograd.grad(want, ref, dy.double().to(dev))]
+    proj_dev = proj.to(torch.bfloat16).to(dev)
+    xs = proj_dev[..., :H * P].view(Bs, T, H, P).detach().requires_grad_()
+    ins = [xs] + [t.to(dev).detach().requires_grad_() for t in lo[1:]]
+    got = op(*ins[:5], chunk, D=ins[5], dt_bias=ins[6], dt_softplus=True)
+    gots = [got.detach(), *torch.autograd.grad(got, ins, dy.to(dev, got.dtype))]
+    return [float((a.double() - b).norm() / b.norm().clamp_min(1e-30)) if a.shape == b.shape else float("inf")
+            for a, b in zip(gots, wants)]
+
+
+_SSD_OK = DeviceCheck(lambda key: max(ssd_errors(*key)) <= SSD_TOLERANCE)
+
+
+def ssd_usable(device_index: int, P: int, N: int, chunk: int) -> bool:
+    """Whether mamba-ssm's SSD gives ``ssd_reference``'s numbers on this device at heads of P, state N and this
+    chunk (``ssd_errors`` within ``SSD_TOLERANCE``), checked once per key (``_check.DeviceCheck``)."""
+    return _SSD_OK((device_index, P, N, chunk))
+
+
+def ssd_op():
+    """mamba-ssm's ``mamba_chunk_scan_combined`` looked up through ``_fla._op`` (where stacked training folds it),
+    or None where the package is not installed."""
+    if ssd_combined() is None:        # puts the package in sys.modules without its __init__ where needed
+        return None
+    return _fla._op(SSD_MODULE, SSD_FN)
 
 
 def _signed(log_a: torch.Tensor, neg: bool):
@@ -137,13 +214,39 @@ class Mamba(nn.Module):
         self.out_proj = nn.Linear(di, d_model, bias=False)
 
     # Mamba-2 -----------------------------------------------------------------------------
+    def _ssd(self, x: torch.Tensor, P: int):
+        """mamba-ssm's SSD for this forward (module docstring), or None."""
+        wide = P >= FLA_MIN_HEAD_DIM
+        if self.requested == "mamba-ssm":
+            op = ssd_op() if x.is_cuda and not self.neg else None
+            if op is None or not ssd_usable(x.device.index or 0, P, self.N, self.chunk):
+                raise RuntimeError("mamba: backend='mamba-ssm' asked for but mamba-ssm's Triton SSD cannot run here "
+                                   "(needs a GPU, mamba-ssm installed and its check passed, no negative eigenvalues)")
+            return op
+        if self.requested != "auto" or wide or not x.is_cuda or self.neg:
+            return None
+        choice = os.environ.get("MIXZOO_MAMBA_SSD") or MAMBA_SSD[0]
+        if choice not in MAMBA_SSD:
+            raise ValueError(switch_error())
+        if choice != "mamba-ssm":
+            return None
+        op = ssd_op()
+        return op if op is not None and ssd_usable(x.device.index or 0, P, self.N, self.chunk) else None
+
     def _forward2(self, x):
         B, T, _ = x.shape
         z, xbc, dt = self.in_proj(x).split([self.di, self.di + 2 * self.N, self.h], dim=-1)
         xs, Bm, Cm = self.conv(xbc).split([self.di, self.N, self.N], dim=-1)
+        xh = xs.view(B, T, self.h, -1)                                      # (B, T, H, P)
+        ssd = self._ssd(x, xh.shape[-1])
+        if ssd is not None:
+            # softplus(dt + dt_bias), the scan and + D x in one call; B and C as one group for every head
+            self.backend = "mamba-ssm-ssd"
+            y = ssd(xh, dt, -self.A_log.float().exp(), Bm.unsqueeze(2), Cm.unsqueeze(2), self.chunk,
+                    D=self.D.float(), dt_bias=self.dt_bias.float(), dt_softplus=True)
+            return self.out_proj(self.norm(y.reshape(B, T, self.di), gate=z).to(x.dtype))
         dt = F.softplus(dt.float() + self.dt_bias)                          # (B, T, H)
         log_a, negm = _signed(-self.A_log.float().exp() * dt, self.neg)     # (B, T, H)
-        xh = xs.view(B, T, self.h, -1)                                      # (B, T, H, P)
         xf = xh.float()                                                     # the scan's values and the skip's
         fn = None
         wide = xh.shape[-1] >= FLA_MIN_HEAD_DIM

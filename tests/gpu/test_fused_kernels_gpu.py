@@ -349,6 +349,7 @@ def test_ssd_intra_kernels_match_fold_and_are_timed(monkeypatch):
     from mixzoo.registry import build_mixer, get_mixer
     from mixzoo.train.vmapfold import folding
     monkeypatch.setenv("MIXZOO_SSD_DOT", "ieee")
+    monkeypatch.setenv("MIXZOO_MAMBA_SSD", "torch-chunk")      # the layer on the path whose kernel this times
     assert S.usable(torch.cuda.current_device())
     g = torch.Generator(device="cuda").manual_seed(0)
     B, H, N, C, K, V = 128, 16, 2, 64, 64, 16
@@ -448,7 +449,7 @@ def test_ssd_bf16_products_side_by_side():
         assert p.returncode == 0, (p.stdout[-2000:], p.stderr[-4000:])
         return json.loads([x for x in p.stdout.splitlines() if x.startswith("RESULT ")][-1][len("RESULT "):])
     errs = run(SSD_BF16_CHECK, {"CUDA_LAUNCH_BLOCKING": "1"})
-    times = run(SSD_BF16_TIMES, {})
+    times = run(SSD_BF16_TIMES, {"MIXZOO_MAMBA_SSD": "torch-chunk"})
     print("\nssd products, errors against float64 (o, dq, dk, dv, dg, dks) per case: ieee " + json.dumps(errs["ieee"])
           + ", bf16 " + json.dumps(errs["bf16"]) + "; Mamba-2 layer forward+backward ms: "
           + "; ".join(f"{k} {v:.3f}" for k, v in times.items()))

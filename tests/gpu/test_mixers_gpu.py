@@ -119,23 +119,68 @@ def test_fast_path_at_mad_head_width(name):
     assert all(r.ok for r in results), [r for r in results if not r.ok]
 
 
-def test_mamba_backend_by_head_width():
-    """Mamba-2 takes fla's kernel for value heads of 64 or more and torch-chunk below (where fla would
-    pad them to 64); asked for, fla runs the narrow heads padded and matches torch-chunk."""
+def test_mamba_backend_by_head_width(monkeypatch):
+    """Mamba-2 takes fla's kernel for value heads of 64 or more; below, mamba-ssm's Triton SSD where installed
+    (else torch-chunk), torch-chunk with MIXZOO_MAMBA_SSD=torch-chunk, and fla's kernel padded to 64 when asked
+    for; each narrow path matches torch-chunk."""
     from mixzoo.check import _rel
+    from mixzoo.models.mamba import ssd_op
     from mixzoo.registry import build_mixer, get_mixer
     x = torch.randn(2, 100, 128, generator=torch.Generator().manual_seed(0)).cuda()
     seen, ys = {}, {}
-    for heads, backend in ((2, "auto"), (16, "auto"), (16, "fla")):
+    for heads, backend, switch in ((2, "auto", None), (16, "auto", None), (16, "auto", "torch-chunk"),
+                                   (16, "fla", None), (16, "torch", None)):
+        if switch:
+            monkeypatch.setenv("MIXZOO_MAMBA_SSD", switch)
+        else:
+            monkeypatch.delenv("MIXZOO_MAMBA_SSD", raising=False)
         torch.manual_seed(0)
         m = build_mixer(get_mixer("mamba"), 128, num_heads=heads, layer_idx=0, l_max=100, backend=backend).cuda()
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            ys[(heads, backend)] = m(x).float()
-        seen[(heads, backend)] = m.backend
-    assert seen[(2, "auto")].startswith("fla-simple-gla"), seen
-    assert seen[(16, "auto")] == "torch-chunk", seen
-    assert seen[(16, "fla")].startswith("fla-simple-gla"), seen
-    assert _rel(ys[(16, "fla")], ys[(16, "auto")]) < 5e-2
+            ys[(heads, backend, switch)] = m(x).float()
+        seen[(heads, backend, switch)] = m.backend
+    print(seen)
+    assert seen[(2, "auto", None)].startswith("fla-simple-gla"), seen
+    assert seen[(16, "auto", None)] == ("mamba-ssm-ssd" if ssd_op() is not None else "torch-chunk"), seen
+    assert seen[(16, "auto", "torch-chunk")] == seen[(16, "torch", None)] == "torch-chunk", seen
+    assert seen[(16, "fla", None)].startswith("fla-simple-gla"), seen
+    ref = ys[(16, "torch", None)]
+    for key in ((16, "auto", None), (16, "fla", None)):
+        assert _rel(ys[key], ref) < 5e-2, (key, _rel(ys[key], ref))
+
+
+def test_mamba_ssm_ssd_matches_torch_chunk():
+    """mamba-ssm's Triton SSD (where installed): its self-check's errors against float64 at heads of 8, 16 and 32,
+    states of 16, 32, 64, chunks of 64 (and 128 at 16 x 64), printed and within SSD_TOLERANCE at the mad recipe's
+    heads of 16; a Mamba-2 layer asked for backend="mamba-ssm" against backend="torch" (same weights, bf16), output
+    and every parameter's gradient."""
+    from mixzoo.check import _rel
+    from mixzoo.models import mamba as M
+    from mixzoo.registry import build_mixer, get_mixer
+    if M.ssd_op() is None:
+        pytest.skip("mamba-ssm is not installed here")
+    errs = {}
+    for P, N, chunk in ((16, 16, 64), (16, 32, 64), (16, 64, 64), (16, 64, 128), (8, 64, 64), (32, 64, 64)):
+        errs[(P, N, chunk)] = M.ssd_errors(torch.cuda.current_device(), P, N, chunk)
+        print(f"ssd P {P} N {N} chunk {chunk}: y, dx, ddt, dA, dB, dC, dD, ddt_bias "
+              + " ".join(f"{e:.1e}" for e in errs[(P, N, chunk)]))
+    for (P, N, chunk), e in errs.items():
+        if P == 16:
+            assert max(e) <= M.SSD_TOLERANCE, (P, N, chunk, e)
+    x = torch.randn(4, 200, 128, generator=torch.Generator().manual_seed(1)).cuda()
+    outs = {}
+    for backend in ("mamba-ssm", "torch"):
+        torch.manual_seed(0)
+        m = build_mixer(get_mixer("mamba"), 128, num_heads=16, layer_idx=0, l_max=200, backend=backend).cuda()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = m(x)
+        y.float().square().mean().backward()
+        outs[backend] = (m.backend, y.float(), {n: p.grad.float() for n, p in m.named_parameters()})
+    assert outs["mamba-ssm"][0] == "mamba-ssm-ssd" and outs["torch"][0] == "torch-chunk"
+    rels = {"output": _rel(outs["mamba-ssm"][1], outs["torch"][1])}
+    rels |= {n: _rel(g, outs["torch"][2][n]) for n, g in outs["mamba-ssm"][2].items()}
+    print("mamba-ssm-ssd vs torch-chunk (bf16): " + ", ".join(f"{k} {v:.1e}" for k, v in rels.items()))
+    assert all(v < 5e-2 for v in rels.values()), rels
 
 
 def test_mad_shape_step_time_within_3x_softmax():

@@ -1,0 +1,88 @@
+"""Mamba-2's mamba-ssm SSD path, what the CPU can check: its reference (``mamba.ssd_reference``, the GPU
+self-check's float64 answer) against the recurrence, the stacked fold of ``mamba_chunk_scan_combined`` (the K
+models' heads and their B and C as the op's groups) against one call per model, the switch's validation and
+the CPU layer's path. The kernels themselves run on a GPU only (tests/gpu/test_mixers_gpu.py)."""
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+
+def scan_loop(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None, initial_states=None, seq_idx=None,
+              cu_seqlens=None, dt_softplus=False, dt_limit=(0.0, float("inf")), return_final_states=False,
+              return_varlen_states=False):
+    """``mamba_chunk_scan_combined``'s definition step by step, with its grouping: heads (B, T, H, P), B and C
+    (B, T, G, N), head h reading group h // (H / G)."""
+    Bs, T, H, P = x.shape
+    r = H // B.shape[2]
+    Bh, Ch = B.repeat_interleave(r, dim=2), C.repeat_interleave(r, dim=2)       # (B, T, H, N)
+    dts = F.softplus(dt + dt_bias) if dt_softplus else dt
+    h = x.new_zeros(Bs, H, P, B.shape[-1])
+    ys = []
+    for t in range(T):
+        a = (A * dts[:, t]).exp()                                                # (B, H)
+        h = a[..., None, None] * h + (dts[:, t, :, None] * x[:, t]).unsqueeze(-1) * Bh[:, t].unsqueeze(2)
+        ys.append((h * Ch[:, t].unsqueeze(2)).sum(-1))
+    y = torch.stack(ys, 1)
+    return y if D is None else y + x * D[:, None]
+
+
+def _inputs(K, Bs=2, T=11, H=3, P=4, N=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)          # noqa: E731
+    return (r(K, Bs, T, H, P), r(K, Bs, T, H) * 0.5 - 1, -(torch.rand(K, H, generator=g, dtype=torch.float64) * 4 + 1),
+            r(K, Bs, T, 1, N) * 0.5, r(K, Bs, T, 1, N) * 0.5, r(K, H), r(K, H) * 0.5)
+
+
+def test_ssd_reference_is_the_recurrence():
+    from mixzoo.models.mamba import ssd_reference
+    x, dt, A, Bm, Cm, D, dtb = (t[0] for t in _inputs(1, T=37))
+    want = scan_loop(x, dt, A, Bm, Cm, 16, D=D, dt_bias=dtb, dt_softplus=True)
+    for chunk in (8, 16, 64):
+        got = ssd_reference(x, dt, A, Bm, Cm, D, dtb, chunk=chunk)
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_stacked_fold_groups_the_models_b_and_c():
+    """Under vmap the op is one call with the K models' heads side by side and their B, C as K groups; output and
+    every gradient equal K separate calls."""
+    from mixzoo.train.vmapfold import foldable
+    calls = []
+
+    def op(*a, **kw):
+        calls.append((tuple(a[0].shape), tuple(a[3].shape), tuple(a[2].shape)))
+        return scan_loop(*a, **kw)
+    op.__signature__ = inspect.signature(scan_loop)      # the fold names arguments by the op's signature
+    folded = foldable(op, "mamba_chunk_scan_combined")
+    K = 3
+    ins = [t.requires_grad_() for t in _inputs(K)]
+    dy = torch.randn(K, 2, 11, 3, 4, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    y = torch.func.vmap(lambda x, dt, A, B, C, D, b: folded(x, dt, A, B, C, 64, D=D, dt_bias=b, dt_softplus=True))(*ins)
+    assert calls == [((2, 11, K * 3, 4), (2, 11, K, 5), (K * 3,))], calls
+    got = torch.autograd.grad(y, ins, dy)
+    sep = [t.detach().clone().requires_grad_() for t in ins]
+    ys = torch.stack([scan_loop(*(t[k] for t in sep[:5]), 64, D=sep[5][k], dt_bias=sep[6][k], dt_softplus=True)
+                      for k in range(K)])
+    want = torch.autograd.grad(ys, sep, dy)
+    torch.testing.assert_close(y, ys)
+    for gg, w in zip(got, want):
+        torch.testing.assert_close(gg, w)
+
+
+def test_switch_is_validated_and_the_cpu_layer_runs_torch_chunk(monkeypatch):
+    from mixzoo import kernels
+    from mixzoo.registry import build_mixer, get_mixer
+    monkeypatch.setenv("MIXZOO_MAMBA_SSD", "triton")
+    assert "MIXZOO_MAMBA_SSD" in kernels.switch_error() and "mamba-ssm, torch-chunk" in kernels.switch_error()
+    monkeypatch.setenv("MIXZOO_MAMBA_SSD", "torch-chunk")
+    assert kernels.switch_error() is None
+    monkeypatch.delenv("MIXZOO_MAMBA_SSD")
+    m = build_mixer(get_mixer("mamba"), 32, num_heads=4, layer_idx=0, l_max=20)
+    m(torch.randn(2, 20, 32))
+    assert m.backend == "torch-chunk"
+    m = build_mixer(get_mixer("mamba"), 32, num_heads=4, layer_idx=0, l_max=20, backend="mamba-ssm")
+    with pytest.raises(RuntimeError, match="mamba-ssm's Triton SSD cannot run here"):
+        m(torch.randn(2, 20, 32))
