@@ -1,6 +1,6 @@
 """Per-kernel breakdown of one training step (torch.profiler), at MAD's baseline shape.
 
-    python benchmarks/profile_step.py [--mixers softmax,gdn] [--shape mad|tiny] [--stacked 8]
+    python benchmarks/profile_step.py [--mixers softmax,gdn] [--shape mad|tiny] [--stacked 8 [--graphed]]
                                       [--steps 3] [--warmup 5] [--top 15] [--by-source] [--out DIR]
     python benchmarks/profile_step.py --layer [--mixers softmax,mamba:backend=torch] ...
 
@@ -10,7 +10,8 @@
 For each mechanism: the training step as mixzoo's trainer runs it (forward and loss under bf16
 autocast on a GPU, backward, clipping, fused AdamW; no Lightning, whose overhead is host-side
 and measured by ``mixzoo bench throughput``), and with ``--stacked K`` also K such models as one
-stacked step (``mixzoo.train.stacked``). After ``--warmup`` steps (autotuning), ``--steps`` steps
+stacked step (``mixzoo.train.stacked``), with ``--graphed`` also that step as one CUDA graph (the kernels of
+its replays, as stacked+graphed runs them; the host columns then show the replays' launches). After ``--warmup`` steps (autotuning), ``--steps`` steps
 are profiled, and per step it reports:
 
 * the top kernels by device time (name, launches, total and mean microseconds, share of the step);
@@ -70,18 +71,30 @@ def plain_step(task, mcfg, mixer: str, data, dev, batch_size: int, steps: int):
     return step, model
 
 
-def stacked_step(task, mcfg, mixer: str, data, dev, batch_size: int, steps: int, K: int):
+def stacked_step(task, mcfg, mixer: str, data, dev, batch_size: int, steps: int, K: int, graphed: bool = False):
+    """K models as one stacked step (mixzoo.train.stacked); ``graphed``: as stacked+graphed runs it, the first
+    ``mixzoo.train.graphed.WARMUP`` calls eager, then captured once and replayed (no host reads: the step index
+    stays within ``steps``)."""
+    import itertools
+
     from mixzoo.train.config import TrainConfig
     from mixzoo.train.stacked import Stack
     from mixzoo.train.vmapfold import folding
-    st = Stack(task, mixer, {}, mcfg, [TrainConfig(steps=steps, batch_size=batch_size, lr=1e-3)] * K,
+    st = Stack(task, mixer, {}, mcfg, [TrainConfig(steps=steps + 2, batch_size=batch_size, lr=1e-3)] * K,
                list(range(K)), dev, data)
+
+    def one():
+        with folding():
+            st.step()
+    if graphed:
+        from mixzoo.train.graphed import Stepper
+        stepper, count = Stepper(one, dev, capture=True), itertools.count()
+        return (lambda: stepper.run(next(count))), st.models[0]
 
     def step():
         if int(st.idx) >= steps:         # host read between profiled regions only (warm-up bound)
             st.idx.zero_()
-        with folding():
-            st.step()
+        one()
     return step, st.models[0]
 
 
@@ -241,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mixers", default="softmax,gdn")
     ap.add_argument("--shape", choices=sorted(MODE_SHAPES), default=None)
     ap.add_argument("--stacked", type=int, default=0, help="also profile K models as one stacked step")
+    ap.add_argument("--graphed", action="store_true",
+                    help="with --stacked: also the stacked step captured as one CUDA graph and replayed (stacked+graphed)")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--top", type=int, default=15)
@@ -275,6 +290,9 @@ def main(argv: list[str] | None = None) -> int:
         if a.stacked:
             variants.append((f"stacked K={a.stacked}",
                              lambda m=mixer: stacked_step(task, mcfg, m, data, dev, bs, total, a.stacked)))
+        if a.stacked and a.graphed:
+            variants.append((f"stacked+graphed K={a.stacked}",
+                             lambda m=mixer: stacked_step(task, mcfg, m, data, dev, bs, total, a.stacked, True)))
         for label, make in variants:
             step, model = make()
             r = profile(step, dev, a.steps, a.warmup, a.top, a.by_source)

@@ -114,14 +114,44 @@ def ssd_reference(x, dt, A, Bm, Cm, D, dt_bias, chunk: int = 64):
     return y + x * D[:, None]
 
 
+# mamba-ssm's kernels autotune once per (chunk, head width, state width, dtypes), whatever the batch, length and
+# head count: the first call of a key fixes its tiles for the process (and, with TRITON_CACHE_AUTOTUNING, for every
+# later one). So before its self-check (a few sequences) the op is run once at the layer's own sizes, where a
+# training run's calls will be; the sizes used when a caller gives none (the self-check called directly)
+DEFAULT_TUNE_SHAPE = (32, 1024, 16)     # (batch, length, heads)
+_TUNE_AT: dict[tuple, tuple[int, int, int]] = {}
+_TUNED: set[tuple[int, int, int, int]] = set()
+
+
+def ssd_tune(device_index: int, P: int, N: int, chunk: int, shape: tuple[int, int, int] | None = None) -> None:
+    """One forward and backward of mamba-ssm's SSD at ``shape`` (batch, length, heads; default
+    ``DEFAULT_TUNE_SHAPE``) on random bfloat16 inputs: its kernels' autotuning for these widths happens here.
+    Once per (device, P, N, chunk) in a process."""
+    if (device_index, P, N, chunk) in _TUNED:
+        return
+    op = ssd_op()
+    if op is None:
+        raise RuntimeError("mamba-ssm's Triton SSD is not installed")
+    Bs, T, H = shape or DEFAULT_TUNE_SHAPE
+    dev = torch.device("cuda", device_index)
+    g = torch.Generator(device=dev).manual_seed(0)
+    r = lambda *s: torch.randn(*s, device=dev, generator=g).to(torch.bfloat16).requires_grad_()   # noqa: E731
+    x, dt, Bm, Cm = r(Bs, T, H, P), r(Bs, T, H), r(Bs, T, 1, N), r(Bs, T, 1, N)
+    A, D, dtb = (torch.randn(H, device=dev, generator=g).requires_grad_() for _ in range(3))
+    y = op(x, dt, -A.detach().exp().requires_grad_(), Bm, Cm, chunk, D=D, dt_bias=dtb, dt_softplus=True)
+    y.float().square().mean().backward()
+    torch.cuda.synchronize(dev)
+    _TUNED.add((device_index, P, N, chunk))
+
+
 def ssd_errors(device_index: int, P: int, N: int, chunk: int) -> list[float]:
     """Norm-relative errors of mamba-ssm's SSD against ``ssd_reference`` in float64 on ``device_index``, for the
     output and the gradients of x, dt, A, B, C, D, dt_bias: 2 sequences, 3 heads of ``P``, state ``N``, two
     chunks of ``chunk`` and a part of a third; x, dt, B and C bfloat16 (as autocast gives them), x and dt views
-    of a wider projection's rows (Mamba-2's layout). Raises where the op is missing."""
+    of a wider projection's rows (Mamba-2's layout). Its kernels are tuned first (``ssd_tune``), not at these
+    few sequences. Raises where the op is missing."""
+    ssd_tune(device_index, P, N, chunk)
     op = ssd_op()
-    if op is None:
-        raise RuntimeError("mamba-ssm's Triton SSD is not installed")
     dev = torch.device("cuda", device_index)
     g = torch.Generator(device="cpu").manual_seed(0)
     Bs, H, T = 2, 3, 2 * chunk + chunk // 2 + 1
@@ -144,13 +174,22 @@ def ssd_errors(device_index: int, P: int, N: int, chunk: int) -> list[float]:
             for a, b in zip(gots, wants)]
 
 
-_SSD_OK = DeviceCheck(lambda key: max(ssd_errors(*key)) <= SSD_TOLERANCE)
+def _tuned_check(key: tuple[int, int, int, int]) -> bool:
+    ssd_tune(*key, _TUNE_AT.get(key))
+    return max(ssd_errors(*key)) <= SSD_TOLERANCE
 
 
-def ssd_usable(device_index: int, P: int, N: int, chunk: int) -> bool:
+_SSD_OK = DeviceCheck(_tuned_check)
+
+
+def ssd_usable(device_index: int, P: int, N: int, chunk: int, shape: tuple[int, int, int] | None = None) -> bool:
     """Whether mamba-ssm's SSD gives ``ssd_reference``'s numbers on this device at heads of P, state N and this
-    chunk (``ssd_errors`` within ``SSD_TOLERANCE``), checked once per key (``_check.DeviceCheck``)."""
-    return _SSD_OK((device_index, P, N, chunk))
+    chunk (``ssd_errors`` within ``SSD_TOLERANCE``), checked once per key (``_check.DeviceCheck``) after the op
+    has run once at ``shape`` (batch, length, heads: the caller's), where its kernels autotune (``ssd_tune``)."""
+    key = (device_index, P, N, chunk)
+    if shape is not None and key not in _SSD_OK.answers:
+        _TUNE_AT.setdefault(key, tuple(shape))
+    return _SSD_OK(key)
 
 
 def ssd_op():
@@ -219,7 +258,7 @@ class Mamba(nn.Module):
         wide = P >= FLA_MIN_HEAD_DIM
         if self.requested == "mamba-ssm":
             op = ssd_op() if x.is_cuda and not self.neg else None
-            if op is None or not ssd_usable(x.device.index or 0, P, self.N, self.chunk):
+            if op is None or not ssd_usable(x.device.index or 0, P, self.N, self.chunk, (*x.shape[:2], self.h)):
                 raise RuntimeError("mamba: backend='mamba-ssm' asked for but mamba-ssm's Triton SSD cannot run here "
                                    "(needs a GPU, mamba-ssm installed and its check passed, no negative eigenvalues)")
             return op
@@ -231,7 +270,7 @@ class Mamba(nn.Module):
         if choice != "mamba-ssm":
             return None
         op = ssd_op()
-        return op if op is not None and ssd_usable(x.device.index or 0, P, self.N, self.chunk) else None
+        return op if op is not None and ssd_usable(x.device.index or 0, P, self.N, self.chunk, (*x.shape[:2], self.h)) else None
 
     def _forward2(self, x):
         B, T, _ = x.shape

@@ -150,9 +150,9 @@ def test_mamba_backend_by_head_width(monkeypatch):
 
 
 def test_mamba_ssm_ssd_matches_torch_chunk():
-    """mamba-ssm's Triton SSD (where installed): its self-check's errors against float64 at heads of 8, 16 and 32,
-    states of 16, 32, 64, chunks of 64 (and 128 at 16 x 64), printed and within SSD_TOLERANCE at the mad recipe's
-    heads of 16; a Mamba-2 layer asked for backend="mamba-ssm" against backend="torch" (same weights, bf16), output
+    """mamba-ssm's Triton SSD (where installed): its self-check's errors against float64 at the mad recipe's heads
+    of 16 and the states of mamba's search space (16, 32, 64), chunk 64, printed and within SSD_TOLERANCE (each
+    width autotunes first, minutes at most); a Mamba-2 layer asked for backend="mamba-ssm" against backend="torch" (same weights, bf16), output
     and every parameter's gradient."""
     from mixzoo.check import _rel
     from mixzoo.models import mamba as M
@@ -160,13 +160,12 @@ def test_mamba_ssm_ssd_matches_torch_chunk():
     if M.ssd_op() is None:
         pytest.skip("mamba-ssm is not installed here")
     errs = {}
-    for P, N, chunk in ((16, 16, 64), (16, 32, 64), (16, 64, 64), (16, 64, 128), (8, 64, 64), (32, 64, 64)):
+    for P, N, chunk in ((16, 16, 64), (16, 32, 64), (16, 64, 64)):
         errs[(P, N, chunk)] = M.ssd_errors(torch.cuda.current_device(), P, N, chunk)
         print(f"ssd P {P} N {N} chunk {chunk}: y, dx, ddt, dA, dB, dC, dD, ddt_bias "
               + " ".join(f"{e:.1e}" for e in errs[(P, N, chunk)]))
     for (P, N, chunk), e in errs.items():
-        if P == 16:
-            assert max(e) <= M.SSD_TOLERANCE, (P, N, chunk, e)
+        assert max(e) <= M.SSD_TOLERANCE, (P, N, chunk, e)
     x = torch.randn(4, 200, 128, generator=torch.Generator().manual_seed(1)).cuda()
     outs = {}
     for backend in ("mamba-ssm", "torch"):
