@@ -1,7 +1,8 @@
 """mixzoo.kernels.causal_conv: the short causal depthwise convolution (with SiLU) as Triton kernels,
 on the CPU in Triton's interpreter with the H200's numerics (benchmarks/lla_small_ridge.py; a fresh
 process, the interpreter being switched on before triton is imported): against float64 beside the
-model's PyTorch form under bf16 autocast; folded under vmap (K models' channels in one call). Off the
+model's PyTorch form under bf16 autocast; folded under vmap (K models' sequences in one call, each reading its
+model's weight). Off the
 GPU the PyTorch form runs, unchanged."""
 import os
 
@@ -58,6 +59,15 @@ want = torch.autograd.grad(ref.square().sum(), (x, *[m.conv.conv.weight for m in
 want = (want[0], torch.stack(want[1:4]), torch.stack(want[4:7]))
 out["vmap"] = dict(calls=calls[:n_folded], out=float((y - ref).abs().max()),
                    grads=[float((a - b).abs().max()) for a, b in zip(got, want)])
+os.environ["MIXZOO_CONV_FOLD"] = "channels"          # the models in the channels instead, the fold before
+calls.clear()
+with folding():
+    y = vmap(lambda p, b, xi: functional_call(ms[0], (p, b), (xi,)))(params, bufs, x)
+n_folded = len(calls)
+got = torch.autograd.grad(y.square().sum(), (x, params["conv.conv.weight"], params["conv.conv.bias"]))
+os.environ.pop("MIXZOO_CONV_FOLD")
+out["vmap channels"] = dict(calls=calls[:n_folded], out=float((y - ref).abs().max()),
+                            grads=[float((a - b).abs().max()) for a, b in zip(got, want)])
 print("RESULT", json.dumps(out))
 """
 
@@ -66,14 +76,17 @@ def test_kernels_against_float64_beside_the_pytorch_form_and_folded():
     r = run_interpreted(SCRIPT, drop=("MIXZOO_CONV",))
     assert r["usable"] is True
     for case, res in r.items():
-        if case in ("usable", "vmap"):
+        if case in ("usable", "vmap", "vmap channels"):
             continue
         k, t = res["kernel"], res["torch"]
         assert k["dtype"] == t["dtype"] == "torch.bfloat16", (case, res)
         for q in ("out", "dx", "dw", "db"):                    # one bf16 rounding where the form has two or more
             assert k[q] <= 1.1 * t[q] + 1e-6, (case, q, res)
     v = r["vmap"]
-    assert v["calls"] == [[2, 9, 18]], v                      # 3 models' 6 channels: one call
+    assert v["calls"] == [[6, 9, 6]], v                       # 3 models' 2 sequences: one call, models in the batch
+    assert v["out"] < 1e-5 and max(v["grads"]) < 1e-4, v
+    v = r["vmap channels"]
+    assert v["calls"] == [[2, 9, 18]], v                      # MIXZOO_CONV_FOLD=channels: 3 models' 6 channels
     assert v["out"] < 1e-5 and max(v["grads"]) < 1e-4, v
 
 

@@ -25,11 +25,14 @@ PARALLAX_TILES = ("mixzoo", "fla")
 # Mamba-2's scan at value heads narrower than fla's 64, on a GPU: mamba-ssm's Triton SSD (mamba_chunk_scan_combined)
 # where installed and matched on the device, or mixzoo's chunked form (torch-chunk); the first is the default
 MAMBA_SSD = ("mamba-ssm", "torch-chunk")
+# the short convolution under stacking (causal_conv._fold): the models in the batch or in the channels; the first is
+# the default
+CONV_FOLDS = ("batch", "channels")
 # LLA's explicit solve (lla.triton_lla): the backward takes the forward's C ("forward") or sums it again
 LLA_C = ("forward", "summed")
 NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS, "MIXZOO_ATTN": ATTN_CHOICES, "MIXZOO_LLA_C": LLA_C,
                   "MIXZOO_PARALLAX_TILES": PARALLAX_TILES, "MIXZOO_SSD_DOT": SSD_FORMS,
-                  "MIXZOO_MAMBA_SSD": MAMBA_SSD, **GLA_SWITCHES}
+                  "MIXZOO_MAMBA_SSD": MAMBA_SSD, "MIXZOO_CONV_FOLD": CONV_FOLDS, **GLA_SWITCHES}
 
 
 def switch_error() -> str | None:

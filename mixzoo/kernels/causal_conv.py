@@ -13,8 +13,11 @@ the bf16 input and the float32 weight, one rounding to the output dtype (autocas
 once they have matched ``causal_conv_torch`` on that device (``usable``); ``runs_on(x)`` says whether
 they will, so the model keeps its PyTorch form otherwise (on the CPU its numbers are unchanged).
 ``MIXZOO_CONV=torch`` turns them off, and so does ``torch.compile``. Under ``torch.func.vmap`` the K
-models' channels are one call (``mixzoo.train.vmapfold``, SPECS["causal_conv"]: the weights fold into
-the channels). Imports nothing of mixzoo.
+models are one call with their sequences folded into the batch, each model's sequences reading its own weight
+and bias (``_fold``, this op's rule for ``mixzoo.train.vmapfold``): the stacked activations keep their (K, B,
+T, C) layout in and out, where folding the models into the channels, (B, T, K·C), transposed them on the way in
+and handed a (B, T, K, C) layout to every later op and gradient (``MIXZOO_CONV_FOLD=channels``, to time one
+against the other; ``batch`` is the default). Imports nothing of mixzoo.
 """
 from __future__ import annotations
 
@@ -70,6 +73,27 @@ class _Conv(torch.autograd.Function):
         return dx, dw.to(weight.dtype), (db.to(bias.dtype) if ctx.has_bias else None), None, None
 
 
+def _fold(K: int, in_dims: tuple, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu: bool):
+    """vmap over K models (``mixzoo.train.vmapfold``): x (K, B, T, C) as K·B sequences, model k's B of them
+    reading weight[k] (C, W) and bias[k]; -> (y (K, B, T, C), 0). Off the kernels, the PyTorch form on the K
+    models' channels side by side (grouped convolution)."""
+    def front(t, d):
+        return t.movedim(d, 0) if d is not None else t.unsqueeze(0).expand(K, *t.shape)
+    x, w = front(x, in_dims[0]), front(weight, in_dims[1])
+    b = None if bias is None else front(bias, in_dims[2])
+    Kx, B, T, C = x.shape
+    if os.environ.get("MIXZOO_CONV_FOLD") == "channels" and runs_on(x[0]):     # the fold before (to time them)
+        xc = x.permute(1, 2, 0, 3).reshape(B, T, K * C)
+        y = _Conv.apply(xc, w.reshape(K * C, -1), None if b is None else b.reshape(K * C), bool(silu), _out_dtype(x))
+        return y.view(B, T, K, C), 2
+    if not runs_on(x[0]):
+        xc = x.permute(1, 2, 0, 3).reshape(B, T, K * C)
+        y = causal_conv_torch(xc, w.reshape(K * C, -1), None if b is None else b.reshape(K * C), silu)
+        return y.to(_out_dtype(x)).view(B, T, K, C).permute(2, 0, 1, 3), 0
+    y = _Conv.apply(x.reshape(K * B, T, C), w, b, bool(silu), _out_dtype(x))
+    return y.view(K, B, T, C), 0
+
+
 def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu: bool) -> torch.Tensor:
     """x (B, T, C), weight (C, W), bias (C,) or None -> (B, T, C) in autocast's dtype (else x's)."""
     if torch._C._are_functorch_transforms_active() or not runs_on(x):
@@ -77,11 +101,14 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return _Conv.apply(x, weight, bias, bool(silu), _out_dtype(x))
 
 
+causal_conv.__mixzoo_fold__ = _fold
+
+
 def usable(device_index: int = 0) -> bool:
     """Whether the kernels give ``causal_conv_torch``'s output and gradients on this device (-1: the
     interpreter), checked once (``_check.DeviceCheck``): float32 and bf16, with and without bias and
     SiLU, lengths that are not multiples of the kernels' blocks (45, and 301: three spans of positions), widths
-    4 and 3."""
+    4 and 3, one model's weight and three models' (two sequences each)."""
     return _USABLE(device_index)
 
 
@@ -91,13 +118,19 @@ def _matches_here(device_index: int) -> bool:
     gen = torch.Generator(device="cpu").manual_seed(0)
     for dt, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
         # lengths within one span of the kernels' programs and across three (the last partial)
-        for W, silu, has_bias, T in ((4, True, True, 301), (3, False, False, 45)):
-            x = torch.randn(2, T, 70, generator=gen).to(dt).to(dev)
-            w = (torch.randn(70, W, generator=gen) * 0.5).to(dev)
-            b = (torch.randn(70, generator=gen) * 0.1).to(dev) if has_bias else None
-            dy = torch.randn(2, T, 70, generator=gen).to(dev)
+        # M models' weights (M > 1: sequence b reads model b // 2's), as a stacked step folds them
+        for W, silu, has_bias, T, M in ((4, True, True, 301, 1), (3, False, False, 45, 1), (4, True, True, 45, 3)):
+            Bs = 2 * M
+            x = torch.randn(Bs, T, 70, generator=gen).to(dt).to(dev)
+            w = (torch.randn(M, 70, W, generator=gen) * 0.5).to(dev)
+            b = (torch.randn(M, 70, generator=gen) * 0.1).to(dev) if has_bias else None
+            if M == 1:
+                w, b = w[0], (b[0] if has_bias else None)
+            dy = torch.randn(Bs, T, 70, generator=gen).to(dev)
             ins = [t.double().requires_grad_() for t in (x, w) + ((b,) if has_bias else ())]
-            want = causal_conv_torch(ins[0], ins[1], ins[2] if has_bias else None, silu)
+            xs, ws = ins[0].view(M, 2, T, 70), ins[1].view(M, 70, W)
+            bs = ins[2].view(M, 70) if has_bias else None
+            want = torch.cat([causal_conv_torch(xs[m], ws[m], bs[m] if has_bias else None, silu) for m in range(M)])
             wants = torch.autograd.grad(want, ins, dy.double())
             got = K.forward(x.contiguous(), w, b, silu, torch.float32)
             gots = K.backward(x.contiguous(), w, b, silu, dy)

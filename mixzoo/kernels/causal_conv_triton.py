@@ -1,6 +1,8 @@
 """The Triton kernels behind ``mixzoo.kernels.causal_conv`` (imported only when they are to run).
 
-x (B, T, C) contiguous, weight (C, W), bias (C,): one program per (sequence, block of channels, span of TB
+x (B, T, C) contiguous, weight (M, C, W), bias (M, C) for M models whose B / M sequences each are consecutive
+(a stacked step's K models folded into the batch: sequence b takes model b // (B / M)'s weight; M = 1 for one
+model): one program per (sequence, block of channels, span of TB
 positions) runs along its span in blocks of BT positions (so the weight's and bias's gradients are summed over
 the positions inside the program, deterministically, and over the sequences and spans by the caller).
 
@@ -20,12 +22,14 @@ import triton.language as tl
 
 
 @triton.jit
-def _fwd_kernel(x, w, bias, y, T, C, W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+def _fwd_kernel(x, w, bias, y, T, C, BM, W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
                 BT: tl.constexpr, BC: tl.constexpr, TB: tl.constexpr):
     b, cb, tb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     c = cb * BC + tl.arange(0, BC)
     mc = c < C
     base = b.to(tl.int64) * T * C
+    w += (b // BM) * C * W                                    # this sequence's model's weight and bias
+    bias += (b // BM) * C
     bv = tl.zeros([BC], tl.float32)
     if HAS_BIAS:
         bv += tl.load(bias + c, mask=mc, other=0.).to(tl.float32)
@@ -45,10 +49,12 @@ def _fwd_kernel(x, w, bias, y, T, C, W: tl.constexpr, HAS_BIAS: tl.constexpr, SI
 
 
 @triton.jit
-def _grad_setup(w, bias, T, C, W: tl.constexpr, HAS_BIAS: tl.constexpr, BC: tl.constexpr, BW: tl.constexpr):
+def _grad_setup(w, bias, T, C, BM, W: tl.constexpr, HAS_BIAS: tl.constexpr, BC: tl.constexpr, BW: tl.constexpr):
     """The program's (sequence, span), its channels and their mask, the sequence's offset, the window index and
-    mask, the weight as a (BW, 1, BC) float32 tile and the bias (zeros without one)."""
+    mask, its model's weight as a (BW, 1, BC) float32 tile and bias (zeros without one)."""
     b, cb, tb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    w += (b // BM) * C * W
+    bias += (b // BM) * C
     c = cb * BC + tl.arange(0, BC)
     mc = c < C
     jj = tl.arange(0, BW)
@@ -85,14 +91,14 @@ def _dz_block(x, w3, bv, dy, base, t, T, C, c, mc, mw, jj, W: tl.constexpr, SILU
 
 
 @triton.jit
-def _dz_kernel(x, w, bias, dy, dz, dwp, dbp, T, C, W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+def _dz_kernel(x, w, bias, dy, dz, dwp, dbp, T, C, BM, W: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
                BT: tl.constexpr, BC: tl.constexpr, BW: tl.constexpr, TB: tl.constexpr):
     """dz = dy silu'(z) (z recomputed), and per (sequence, span) the sums over positions of dz x (dw) and dz
     (db). One pass: dz is written and never read back here (another launch reads it), so no barrier is needed.
     The W shifted windows of x are one (BW, BT, BC) tile per block of positions, used for z and for dw; dw and
     db are summed elementwise over the blocks and over the positions once at the end (summing each block's rows,
     W + 1 times, cost 14 % of the backward at 768 x 1024 x 384 on the H200)."""
-    b, tb, c, mc, base, jj, mw, w3, bv = _grad_setup(w, bias, T, C, W, HAS_BIAS, BC, BW)
+    b, tb, c, mc, base, jj, mw, w3, bv = _grad_setup(w, bias, T, C, BM, W, HAS_BIAS, BC, BW)
     dbs = tl.zeros([BT, BC], tl.float32)
     dws = tl.zeros([BW, BT, BC], tl.float32)           # dw[j, c] = sum_t dz[t, c] x[t - (W - 1) + j, c]
     for t0 in tl.range(tb * TB, tb * TB + TB, BT):
@@ -105,9 +111,10 @@ def _dz_kernel(x, w, bias, dy, dz, dwp, dbp, T, C, W: tl.constexpr, HAS_BIAS: tl
 
 
 @triton.jit
-def _dx_kernel(dz, w, dx, T, C, W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, TB: tl.constexpr):
+def _dx_kernel(dz, w, dx, T, C, BM, W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, TB: tl.constexpr):
     """dx[t] = sum_j w[j] dz[t + (W - 1) - j]."""
     b, cb, tb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    w += (b // BM) * C * W
     c = cb * BC + tl.arange(0, BC)
     mc = c < C
     base = b.to(tl.int64) * T * C
@@ -140,21 +147,32 @@ def _grid(B: int, T: int, C: int) -> tuple[int, int, int]:
     return B, triton.cdiv(C, BC), triton.cdiv(T, _span(T))
 
 
+def _per_model(B: int, w) -> int:
+    """Sequences per model for a weight (C, W) (one model) or (M, C, W), M dividing B."""
+    M = 1 if w.dim() == 2 else w.shape[0]
+    if B % M:
+        raise ValueError(f"causal_conv: {B} sequences for {M} models' weights")
+    return max(1, B // M)
+
+
 def forward(x, w, bias, silu: bool, out_dtype):
+    """x (B, T, C) contiguous, w (C, W) or (M, C, W) contiguous, bias (C,) / (M, C) or None -> y (B, T, C)."""
     B, T, C = x.shape
     y = torch.empty(B, T, C, dtype=out_dtype, device=x.device)
     if B and T and C:
-        _fwd_kernel[_grid(B, T, C)](x, w, bias if bias is not None else w, y, T, C, W=w.shape[1],
+        _fwd_kernel[_grid(B, T, C)](x, w, bias if bias is not None else w, y, T, C, _per_model(B, w), W=w.shape[-1],
                                     HAS_BIAS=bias is not None, SILU=silu, BT=BT, BC=BC, TB=_span(T))
     return y
 
 
 def backward(x, w, bias, silu: bool, dy):
-    """-> dx (x's dtype), dw (C, W) float32, db (C,) float32 or None. Two passes: dz (float32) with the weight and
+    """-> dx (x's dtype), dw like w (C, W) or (M, C, W) float32, db like bias float32 or None (each model's sums over
+    its own sequences). Two passes: dz (float32) with the weight and
     bias gradients' partial sums, then dx from dz. (One pass recomputing dz at the W - 1 later positions instead of
     writing it gave the same numbers and was 1.4-2.3x slower on the H200, 2026-12-03: benchmarks/h200-2026-12-03d.)"""
     B, T, C = x.shape
-    W = w.shape[1]
+    W, BM = w.shape[-1], _per_model(B, w)
+    M = B // BM if B else (1 if w.dim() == 2 else w.shape[0])
     grid = _grid(B, T, C)
     dwp = torch.empty(B * grid[2], W, C, dtype=torch.float32, device=x.device)
     dbp = torch.empty(B * grid[2], C, dtype=torch.float32, device=x.device)
@@ -164,9 +182,14 @@ def backward(x, w, bias, silu: bool, dy):
         tiles = dict(HAS_BIAS=bias is not None, SILU=silu, BT=DZ_BT, BC=BC, BW=triton.next_power_of_2(W),
                      num_warps=DZ_WARPS, TB=_span(T))
         dz = torch.empty(B, T, C, dtype=torch.float32, device=x.device)
-        _dz_kernel[grid](x, w, bias_, dy, dz, dwp, dbp, T, C, W=W, **tiles)
-        _dx_kernel[grid](dz, w, dx, T, C, W=W, BT=BT, BC=BC, TB=_span(T))
+        _dz_kernel[grid](x, w, bias_, dy, dz, dwp, dbp, T, C, BM, W=W, **tiles)
+        _dx_kernel[grid](dz, w, dx, T, C, BM, W=W, BT=BT, BC=BC, TB=_span(T))
     else:
         dwp.zero_()
         dbp.zero_()
-    return dx, dwp.sum(0).t().contiguous(), (dbp.sum(0) if bias is not None else None)
+    # the partials are per (sequence, span), sequences in model order: each model's sum over its own
+    dw = dwp.view(M, -1, W, C).sum(1).transpose(1, 2).contiguous()                   # (M, C, W)
+    db = dbp.view(M, -1, C).sum(1) if bias is not None else None                     # (M, C)
+    if w.dim() == 2:
+        return dx, dw[0], (db[0] if db is not None else None)
+    return dx, dw, db

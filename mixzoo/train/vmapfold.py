@@ -69,7 +69,6 @@ SPECS: dict[str, FoldSpec] = {
     "chunk_gated_delta_rule": FoldSpec(frozenset({"A_log", "dt_bias"})),   # if not rewritten (REWRITES)
     "chunk_mesa_net": FoldSpec(frozenset({"lamb"})),
     "lla": FoldSpec(head_axis=1),           # mixzoo.kernels.lla.triton_lla.lla: (B, H, T, D)
-    "causal_conv": FoldSpec(frozenset({"weight", "bias"})),   # mixzoo.kernels.causal_conv: (B, T, C), K*C channels
     # mamba-ssm's SSD (Mamba-2 at narrow heads): x (B, T, K*H, P), dt (B, T, K*H), the K models' B and C
     # (B, T, 1, N) as its K groups (B, T, K, N): head k*H + h reads group k, as mamba-ssm groups heads
     "mamba_chunk_scan_combined": FoldSpec(frozenset({"A", "D", "dt_bias"})),
