@@ -11,8 +11,8 @@ For each mechanism: the training step as mixzoo's trainer runs it (forward and l
 autocast on a GPU, backward, clipping, fused AdamW; no Lightning, whose overhead is host-side
 and measured by ``mixzoo bench throughput``), and with ``--stacked K`` also K such models as one
 stacked step (``mixzoo.train.stacked``), with ``--graphed`` also that step as one CUDA graph (the kernels of
-its replays, as stacked+graphed runs them; the host columns then show the replays' launches). After ``--warmup`` steps (autotuning), ``--steps`` steps
-are profiled, and per step it reports:
+its replays, as stacked+graphed runs them; the host columns then show the replays' launches). After
+``--warmup`` steps (autotuning), ``--steps`` steps are profiled, and per step it reports:
 
 * the top kernels by device time (name, launches, total and mean microseconds, share of the step);
 * kernel launches per step, device busy time (the kernels' summed time) and the step's wall time,

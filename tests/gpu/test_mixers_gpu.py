@@ -152,8 +152,8 @@ def test_mamba_backend_by_head_width(monkeypatch):
 def test_mamba_ssm_ssd_matches_torch_chunk():
     """mamba-ssm's Triton SSD (where installed): its self-check's errors against float64 at the mad recipe's heads
     of 16 and the states of mamba's search space (16, 32, 64), chunk 64, printed and within SSD_TOLERANCE (each
-    width autotunes first, minutes at most); a Mamba-2 layer asked for backend="mamba-ssm" against backend="torch" (same weights, bf16), output
-    and every parameter's gradient."""
+    width autotunes first, minutes at most); a Mamba-2 layer asked for backend="mamba-ssm" against
+    backend="torch" (same weights, bf16), output and every parameter's gradient."""
     from mixzoo.check import _rel
     from mixzoo.models import mamba as M
     from mixzoo.registry import build_mixer, get_mixer
