@@ -72,6 +72,54 @@ def test_stacked_fold_groups_the_models_b_and_c():
         torch.testing.assert_close(gg, w)
 
 
+@pytest.mark.parametrize("form", ["fused", "absorbed"])
+def test_ssd_scan_forms_give_the_reference(form):
+    """``ssd_scan`` (how the layer calls the op) in either form, with the op's definition step by step, is
+    ``ssd_reference`` with A = -exp(A_log): output and every gradient."""
+    from mixzoo.models.mamba import ssd_reference, ssd_scan
+    x, dt, A, Bm, Cm, D, dtb = (t[0] for t in _inputs(1, T=23))
+    A_log = (-A).log()
+    ins = [t.clone().requires_grad_() for t in (x, dt, A_log, Bm[:, :, 0], Cm[:, :, 0], D, dtb)]
+    got = ssd_scan(scan_loop, ins[0], ins[1], ins[2], ins[6], ins[5], ins[3], ins[4], 16, form)
+    ref = [t.clone().requires_grad_() for t in ins]
+    want = ssd_reference(ref[0], ref[1], -ref[2].exp(), ref[3].unsqueeze(2), ref[4].unsqueeze(2), ref[5], ref[6])
+    dy = torch.randn(want.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    torch.testing.assert_close(got.double(), want, rtol=1e-10, atol=1e-10)
+    for gg, w in zip(torch.autograd.grad(got, ins, dy), torch.autograd.grad(want, ref, dy)):
+        torch.testing.assert_close(gg, w, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("form,folded", [("fused", "heads"), ("absorbed", "batch")])
+def test_stacked_ssd_scan_folds_heads_or_batch(form, folded):
+    """Under vmap ``ssd_scan`` is one call of the op: the fused form with the K models' heads side by side (their
+    A, D, dt_bias per model), the absorbed one with their sequences in the batch (A the shared constant); output and
+    every gradient equal K separate calls."""
+    from mixzoo.models.mamba import ssd_scan
+    from mixzoo.train.vmapfold import foldable
+    calls = []
+
+    def op(*a, **kw):
+        calls.append((tuple(a[0].shape), tuple(a[2].shape)))
+        return scan_loop(*a, **kw)
+    op.__signature__ = inspect.signature(scan_loop)
+    folded_op = foldable(op, "mamba_chunk_scan_combined")
+    K, Bs, T, H, P = 3, 2, 11, 3, 4
+    x, dt, A, Bm, Cm, D, dtb = _inputs(K)
+    ins = [t.requires_grad_() for t in (x, dt, (-A).log(), Bm[:, :, :, 0], Cm[:, :, :, 0], D, dtb)]
+    y = torch.func.vmap(lambda x, dt, al, b, c, d, db: ssd_scan(folded_op, x, dt, al, db, d, b, c, 64, form))(*ins)
+    want_call = ((Bs, T, K * H, P), (K * H,)) if folded == "heads" else ((K * Bs, T, H, P), (H,))
+    assert calls == [want_call], calls
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    got = torch.autograd.grad(y, ins, dy)
+    sep = [t.detach().clone().requires_grad_() for t in ins]
+    ys = torch.stack([ssd_scan(scan_loop, sep[0][k], sep[1][k], sep[2][k], sep[6][k], sep[5][k], sep[3][k], sep[4][k],
+                               64, form) for k in range(K)])
+    want = torch.autograd.grad(ys, sep, dy)
+    torch.testing.assert_close(y.double(), ys.double())
+    for gg, w in zip(got, want):
+        torch.testing.assert_close(gg, w)
+
+
 def test_switch_is_validated_and_the_cpu_layer_runs_torch_chunk(monkeypatch):
     from mixzoo import kernels
     from mixzoo.registry import build_mixer, get_mixer
@@ -79,6 +127,9 @@ def test_switch_is_validated_and_the_cpu_layer_runs_torch_chunk(monkeypatch):
     assert "MIXZOO_MAMBA_SSD" in kernels.switch_error() and "mamba-ssm, torch-chunk" in kernels.switch_error()
     monkeypatch.setenv("MIXZOO_MAMBA_SSD", "torch-chunk")
     assert kernels.switch_error() is None
+    monkeypatch.setenv("MIXZOO_MAMBA_SSD_FORM", "unfused")
+    assert "MIXZOO_MAMBA_SSD_FORM" in kernels.switch_error()
+    monkeypatch.delenv("MIXZOO_MAMBA_SSD_FORM")
     monkeypatch.delenv("MIXZOO_MAMBA_SSD")
     m = build_mixer(get_mixer("mamba"), 32, num_heads=4, layer_idx=0, l_max=20)
     m(torch.randn(2, 20, 32))

@@ -149,7 +149,8 @@ def test_mamba_backend_by_head_width(monkeypatch):
         assert _rel(ys[key], ref) < 5e-2, (key, _rel(ys[key], ref))
 
 
-def test_mamba_ssm_ssd_matches_torch_chunk():
+@pytest.mark.parametrize("form", ["fused", "absorbed"])
+def test_mamba_ssm_ssd_matches_torch_chunk(form, monkeypatch):
     """mamba-ssm's Triton SSD (where installed): its self-check's errors against float64 at the mad recipe's heads
     of 16 and the states of mamba's search space (16, 32, 64), chunk 64, printed and within SSD_TOLERANCE (each
     width autotunes first, minutes at most); a Mamba-2 layer asked for backend="mamba-ssm" against
@@ -159,10 +160,11 @@ def test_mamba_ssm_ssd_matches_torch_chunk():
     from mixzoo.registry import build_mixer, get_mixer
     if M.ssd_op() is None:
         pytest.skip("mamba-ssm is not installed here")
+    monkeypatch.setenv("MIXZOO_MAMBA_SSD_FORM", form)
     errs = {}
     for P, N, chunk in ((16, 16, 64), (16, 32, 64), (16, 64, 64)):
-        errs[(P, N, chunk)] = M.ssd_errors(torch.cuda.current_device(), P, N, chunk)
-        print(f"ssd P {P} N {N} chunk {chunk}: y, dx, ddt, dA, dB, dC, dD, ddt_bias "
+        errs[(P, N, chunk)] = M.ssd_errors(torch.cuda.current_device(), P, N, chunk, form)
+        print(f"ssd P {P} N {N} chunk {chunk}: y, dx, ddt, dA_log, dB, dC, dD, ddt_bias "
               + " ".join(f"{e:.1e}" for e in errs[(P, N, chunk)]))
     for (P, N, chunk), e in errs.items():
         assert max(e) <= M.SSD_TOLERANCE, (P, N, chunk, e)
@@ -175,7 +177,8 @@ def test_mamba_ssm_ssd_matches_torch_chunk():
             y = m(x)
         y.float().square().mean().backward()
         outs[backend] = (m.backend, y.float(), {n: p.grad.float() for n, p in m.named_parameters()})
-    assert outs["mamba-ssm"][0] == "mamba-ssm-ssd" and outs["torch"][0] == "torch-chunk"
+    assert outs["mamba-ssm"][0] == "mamba-ssm-ssd" + ("" if form == "fused" else "-absorbed")
+    assert outs["torch"][0] == "torch-chunk"
     rels = {"output": _rel(outs["mamba-ssm"][1], outs["torch"][1])}
     rels |= {n: _rel(g, outs["torch"][2][n]) for n, g in outs["mamba-ssm"][2].items()}
     print("mamba-ssm-ssd vs torch-chunk (bf16): " + ", ".join(f"{k} {v:.1e}" for k, v in rels.items()))

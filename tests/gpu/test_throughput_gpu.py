@@ -90,6 +90,17 @@ def test_stacked_matches_separate_runs(mixer, mode, monkeypatch):
 
 
 @pytest.mark.parametrize("mode", ["stacked", "stacked+graphed"])
+def test_mamba_absorbed_ssd_stacked_matches_separate_runs(mode, monkeypatch):
+    """MIXZOO_MAMBA_SSD_FORM=absorbed (mamba-ssm's SSD called with A taken into dt, the models folded into its
+    batch): the stacked test above for Mamba-2, on that path."""
+    from mixzoo.models.mamba import ssd_op
+    if ssd_op() is None:
+        pytest.skip("mamba-ssm is not installed here")
+    monkeypatch.setenv("MIXZOO_MAMBA_SSD_FORM", "absorbed")
+    test_stacked_matches_separate_runs("mamba", mode, monkeypatch)
+
+
+@pytest.mark.parametrize("mode", ["stacked", "stacked+graphed"])
 def test_mesa_in_kernel_l2norm_stacked_matches_separate_runs(mode, monkeypatch):
     """MIXZOO_MESA_L2NORM=fla (q, k normalized inside fla's call): stacked runs against separate ones, and
     the first separate run against the same run with F.normalize (the switch off)."""
