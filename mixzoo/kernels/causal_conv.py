@@ -75,23 +75,21 @@ class _Conv(torch.autograd.Function):
 
 def _fold(K: int, in_dims: tuple, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu: bool):
     """vmap over K models (``mixzoo.train.vmapfold``): x (K, B, T, C) as K·B sequences, model k's B of them
-    reading weight[k] (C, W) and bias[k]; -> (y (K, B, T, C), 0). Off the kernels, the PyTorch form on the K
-    models' channels side by side (grouped convolution)."""
+    reading weight[k] (C, W) and bias[k]; -> (y (K, B, T, C), 0). Off the kernels (and with
+    MIXZOO_CONV_FOLD=channels) the K models' channels side by side, (B, T, K·C): -> (y (B, T, K, C), 2)."""
     def front(t, d):
         return t.movedim(d, 0) if d is not None else t.unsqueeze(0).expand(K, *t.shape)
     x, w = front(x, in_dims[0]), front(weight, in_dims[1])
     b = None if bias is None else front(bias, in_dims[2])
-    Kx, B, T, C = x.shape
-    if os.environ.get("MIXZOO_CONV_FOLD") == "channels" and runs_on(x[0]):     # the fold before (to time them)
-        xc = x.permute(1, 2, 0, 3).reshape(B, T, K * C)
-        y = _Conv.apply(xc, w.reshape(K * C, -1), None if b is None else b.reshape(K * C), bool(silu), _out_dtype(x))
-        return y.view(B, T, K, C), 2
-    if not runs_on(x[0]):
-        xc = x.permute(1, 2, 0, 3).reshape(B, T, K * C)
-        y = causal_conv_torch(xc, w.reshape(K * C, -1), None if b is None else b.reshape(K * C), silu)
-        return y.to(_out_dtype(x)).view(B, T, K, C).permute(2, 0, 1, 3), 0
-    y = _Conv.apply(x.reshape(K * B, T, C), w, b, bool(silu), _out_dtype(x))
-    return y.view(K, B, T, C), 0
+    B, T, C = x.shape[1:]
+    kernels = runs_on(x[0])
+    if kernels and os.environ.get("MIXZOO_CONV_FOLD") != "channels":
+        return _Conv.apply(x.reshape(K * B, T, C), w, b, bool(silu), _out_dtype(x)).view(K, B, T, C), 0
+    # the models in the channels: the kernels as folded before (MIXZOO_CONV_FOLD=channels), or the PyTorch form
+    xc, wc = x.permute(1, 2, 0, 3).reshape(B, T, K * C), w.reshape(K * C, -1)
+    bc = None if b is None else b.reshape(K * C)
+    y = _Conv.apply(xc, wc, bc, bool(silu), _out_dtype(x)) if kernels else causal_conv_torch(xc, wc, bc, silu)
+    return y.to(_out_dtype(x)).view(B, T, K, C), 2
 
 
 def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, silu: bool) -> torch.Tensor:
