@@ -25,10 +25,9 @@ PARALLAX_TILES = ("mixzoo", "fla")
 # Mamba-2's scan at value heads narrower than fla's 64, on a GPU: mamba-ssm's Triton SSD (mamba_chunk_scan_combined)
 # where installed and matched on the device, or mixzoo's chunked form (torch-chunk); the first is the default
 MAMBA_SSD = ("mamba-ssm", "torch-chunk")
-# how Mamba-2 calls that SSD (mamba.ssd_scan): softplus, dt_bias and D in the call, stacked models folded into its
-# heads ("fused"), or A taken into dt and D applied outside, the models folded into its batch ("absorbed"); the first
-# is the default (the second not yet timed on the GPU)
-MAMBA_SSD_FORMS = ("fused", "absorbed")
+# that SSD under stacking (train.vmapfold.ssd_models_per_call): the K models in as many folded calls as keep torch's
+# cumsum in its backward under the rows it scans well ("split"), or in one call ("whole"); the first is the default
+MAMBA_SSD_FOLD = ("split", "whole")
 # the short convolution under stacking (causal_conv._fold): the models in the batch or in the channels; the first is
 # the default
 CONV_FOLDS = ("batch", "channels")
@@ -36,7 +35,7 @@ CONV_FOLDS = ("batch", "channels")
 LLA_C = ("forward", "summed")
 NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS, "MIXZOO_ATTN": ATTN_CHOICES, "MIXZOO_LLA_C": LLA_C,
                   "MIXZOO_PARALLAX_TILES": PARALLAX_TILES, "MIXZOO_SSD_DOT": SSD_FORMS,
-                  "MIXZOO_MAMBA_SSD": MAMBA_SSD, "MIXZOO_MAMBA_SSD_FORM": MAMBA_SSD_FORMS,
+                  "MIXZOO_MAMBA_SSD": MAMBA_SSD, "MIXZOO_MAMBA_SSD_FOLD": MAMBA_SSD_FOLD,
                   "MIXZOO_CONV_FOLD": CONV_FOLDS, **GLA_SWITCHES}
 
 

@@ -23,9 +23,8 @@ have matched ``ssd_reference`` on the device at the layer's head, state and chun
 run. Measured on one H200 (benchmarks/mamba_ssd.py, 16 heads of 16, d_state 64, batch 768): the
 SSD's forward and backward 1.02 / 1.36 / 1.38 / 1.37x torch-chunk's at lengths 128 / 256 / 512 / 1024.
 Stacked steps fold the models into its heads, the K models' B and C as its K groups
-(``mixzoo.train.vmapfold``). ``MIXZOO_MAMBA_SSD_FORM=absorbed`` calls it in another form (``ssd_scan``): A taken
-into dt and D applied outside, so that every argument is per sequence and stacked models fold into its batch
-(free views of the stacked layout, no transposing copies); backend ``mamba-ssm-ssd-absorbed``.
+(``mixzoo.train.vmapfold``), in several calls where one would give torch's cumsum in its backward more rows
+than it scans well (``vmapfold.ssd_models_per_call``; ``MIXZOO_MAMBA_SSD_FOLD=whole`` keeps one call).
 
 ``allow_neg_eigval`` maps the transition a in (0, 1) to 2a - 1 in (-1, 1) (Grazzi et al., 2025,
 for state tracking); signed decays run on ``torch-chunk`` only.
@@ -46,7 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels import MAMBA_SSD, MAMBA_SSD_FORMS, switch_error
+from ..kernels import MAMBA_SSD, switch_error
 from ..kernels._check import DeviceCheck
 from ..registry import register_mixer
 from . import _fla
@@ -106,33 +105,15 @@ SSD_MODULE, SSD_FN = "mamba_ssm.ops.triton.ssd_combined", "mamba_chunk_scan_comb
 SSD_TOLERANCE = 2e-2
 
 
-def ssd_form() -> str:
-    """``MIXZOO_MAMBA_SSD_FORM`` (validated at the command line), default ``MAMBA_SSD_FORMS[0]``."""
-    f = os.environ.get("MIXZOO_MAMBA_SSD_FORM") or MAMBA_SSD_FORMS[0]
-    if f not in MAMBA_SSD_FORMS:
-        raise ValueError(switch_error())
-    return f
-
-
-def ssd_scan(op, x, dt, A_log, dt_bias, D, Bm, Cm, chunk: int, form: str | None = None):
+def ssd_scan(op, x, dt, A_log, dt_bias, D, Bm, Cm, chunk: int):
     """Mamba-2's scan with mamba-ssm's SSD ``op``: x (B, T, H, P), dt (B, T, H) before softplus, A_log, dt_bias, D
-    (H,), Bm, Cm (B, T, N) -> y (B, T, H, P) with y = scan + D x (``ssd_reference``'s result, A = -exp(A_log)).
-
-    ``fused``: softplus(dt + dt_bias), the scan and D x in the call (y in x's dtype). ``absorbed``: the call takes
-    the decay rate r = exp(A_log) softplus(dt + dt_bias) as its dt and A = -1 for every head, so its state is
-    exp(A_log) times the layer's (the same decays, inputs scaled by r / dt); y = y' / exp(A_log) + D x outside it,
-    in float32. Every per-model argument of that call then has the batch dimension (A is the shared constant), so a
-    stacked step folds its models into the batch (``mixzoo.train.vmapfold``)."""
-    form = form or ssd_form()
+    (H,), Bm, Cm (B, T, N) -> y (B, T, H, P) = scan + D x (``ssd_reference``'s result, A = -exp(A_log)), in x's
+    dtype: softplus(dt + dt_bias), the scan and D x in the one call, B and C one group for every head. (Called with
+    A taken into dt and D applied outside, so that stacked models fold into its batch, it measured 0.86-0.89x this
+    form, stacked+graphed K = 6 at lengths 128 to 1024 side by side on an H200: benchmarks/h200-2026-12-04d.)"""
     cdt = torch.float64 if x.dtype == torch.float64 else torch.float32    # float64 only for checks
-    Bg, Cg = Bm.unsqueeze(2), Cm.unsqueeze(2)                           # one group for every head
-    if form == "fused":
-        return op(x, dt, -A_log.to(cdt).exp(), Bg, Cg, chunk, D=D.to(cdt), dt_bias=dt_bias.to(cdt), dt_softplus=True)
-    a = A_log.to(cdt).exp()                                             # -A per head
-    rate = F.softplus(dt.to(cdt) + dt_bias.to(cdt)) * a                 # (B, T, H)
-    # A as a new tensor: one built from A_log would be per model under vmap, and the fold would take the heads
-    y = op(x, rate, torch.full((x.shape[-2],), -1.0, dtype=cdt, device=x.device), Bg, Cg, chunk)
-    return torch.addcmul(y.to(cdt) / a[:, None], x.to(cdt), D.to(cdt)[:, None])
+    return op(x, dt, -A_log.to(cdt).exp(), Bm.unsqueeze(2), Cm.unsqueeze(2), chunk, D=D.to(cdt),
+              dt_bias=dt_bias.to(cdt), dt_softplus=True)
 
 
 def ssd_reference(x, dt, A, Bm, Cm, D, dt_bias, chunk: int = 64):
@@ -151,15 +132,14 @@ def ssd_reference(x, dt, A, Bm, Cm, D, dt_bias, chunk: int = 64):
 # training run's calls will be; the sizes used when a caller gives none (the self-check called directly)
 DEFAULT_TUNE_SHAPE = (32, 1024, 16)     # (batch, length, heads)
 _TUNE_AT: dict[tuple, tuple[int, int, int]] = {}
-_TUNED: set[tuple[int, int, int, int, str]] = set()
+_TUNED: set[tuple[int, int, int, int]] = set()
 
 
-def ssd_tune(device_index: int, P: int, N: int, chunk: int, form: str = MAMBA_SSD_FORMS[0],
-             shape: tuple[int, int, int] | None = None) -> None:
-    """One forward and backward of ``ssd_scan`` in ``form`` at ``shape`` (batch, length, heads; default
+def ssd_tune(device_index: int, P: int, N: int, chunk: int, shape: tuple[int, int, int] | None = None) -> None:
+    """One forward and backward of ``ssd_scan`` at ``shape`` (batch, length, heads; default
     ``DEFAULT_TUNE_SHAPE``) on random bfloat16 inputs: its kernels' autotuning for these widths happens here.
-    Once per (device, P, N, chunk, form) in a process."""
-    if (device_index, P, N, chunk, form) in _TUNED:
+    Once per (device, P, N, chunk) in a process."""
+    if (device_index, P, N, chunk) in _TUNED:
         return
     op = ssd_op()
     if op is None:
@@ -170,20 +150,20 @@ def ssd_tune(device_index: int, P: int, N: int, chunk: int, form: str = MAMBA_SS
     r = lambda *s: torch.randn(*s, device=dev, generator=g).to(torch.bfloat16).requires_grad_()   # noqa: E731
     x, dt, Bm, Cm = r(Bs, T, H, P), r(Bs, T, H), r(Bs, T, N), r(Bs, T, N)
     A_log, D, dtb = (torch.randn(H, device=dev, generator=g).requires_grad_() for _ in range(3))
-    y = ssd_scan(op, x, dt, A_log, dtb, D, Bm, Cm, chunk, form)
+    y = ssd_scan(op, x, dt, A_log, dtb, D, Bm, Cm, chunk)
     y.float().square().mean().backward()
     torch.cuda.synchronize(dev)
-    _TUNED.add((device_index, P, N, chunk, form))
+    _TUNED.add((device_index, P, N, chunk))
 
 
-def ssd_errors(device_index: int, P: int, N: int, chunk: int, form: str = MAMBA_SSD_FORMS[0]) -> list[float]:
-    """Norm-relative errors of ``ssd_scan`` in ``form`` with mamba-ssm's SSD against ``ssd_reference`` in float64 on
+def ssd_errors(device_index: int, P: int, N: int, chunk: int) -> list[float]:
+    """Norm-relative errors of ``ssd_scan`` with mamba-ssm's SSD against ``ssd_reference`` in float64 on
     ``device_index``, for the output and the gradients of x, dt, A_log, B, C, D, dt_bias: 2 sequences, 3 heads of
     ``P``, state ``N``, two chunks of ``chunk`` and a part of a third; x, dt, B and C bfloat16 (as autocast
     gives them), x and dt views of a wider projection's rows (Mamba-2's layout). Its kernels are tuned first
     (``ssd_tune``), not at these few sequences. Raises where the op is missing.
     """
-    ssd_tune(device_index, P, N, chunk, form)
+    ssd_tune(device_index, P, N, chunk)
     op = ssd_op()
     dev = torch.device("cuda", device_index)
     g = torch.Generator(device="cpu").manual_seed(0)
@@ -201,13 +181,13 @@ def ssd_errors(device_index: int, P: int, N: int, chunk: int, form: str = MAMBA_
     proj_dev = proj.to(torch.bfloat16).to(dev)
     xs = proj_dev[..., :H * P].view(Bs, T, H, P).detach().requires_grad_()
     ins = [xs] + [t.to(dev).detach().requires_grad_() for t in lo[1:]]
-    got = ssd_scan(op, ins[0], ins[1], ins[2], ins[6], ins[5], ins[3], ins[4], chunk, form)
+    got = ssd_scan(op, ins[0], ins[1], ins[2], ins[6], ins[5], ins[3], ins[4], chunk)
     gots = [got.detach(), *torch.autograd.grad(got, ins, dy.to(dev, got.dtype))]
     return [float((a.double() - b).norm() / b.norm().clamp_min(1e-30)) if a.shape == b.shape else float("inf")
             for a, b in zip(gots, wants)]
 
 
-def _tuned_check(key: tuple[int, int, int, int, str]) -> bool:
+def _tuned_check(key: tuple[int, int, int, int]) -> bool:
     ssd_tune(*key, shape=_TUNE_AT.get(key))
     return max(ssd_errors(*key)) <= SSD_TOLERANCE
 
@@ -215,13 +195,12 @@ def _tuned_check(key: tuple[int, int, int, int, str]) -> bool:
 _SSD_OK = DeviceCheck(_tuned_check)
 
 
-def ssd_usable(device_index: int, P: int, N: int, chunk: int, shape: tuple[int, int, int] | None = None,
-               form: str | None = None) -> bool:
-    """Whether ``ssd_scan`` in ``form`` (default ``ssd_form()``) with mamba-ssm's SSD gives ``ssd_reference``'s
+def ssd_usable(device_index: int, P: int, N: int, chunk: int, shape: tuple[int, int, int] | None = None) -> bool:
+    """Whether ``ssd_scan`` with mamba-ssm's SSD gives ``ssd_reference``'s
     numbers on this device at heads of P, state N and this chunk (``ssd_errors`` within ``SSD_TOLERANCE``), checked
     once per key (``_check.DeviceCheck``) after the op has run once at ``shape`` (batch, length, heads: the
     caller's), where its kernels autotune (``ssd_tune``)."""
-    key = (device_index, P, N, chunk, form or ssd_form())
+    key = (device_index, P, N, chunk)
     if shape is not None and key not in _SSD_OK.answers:
         _TUNE_AT.setdefault(key, tuple(shape))
     return _SSD_OK(key)
@@ -314,9 +293,8 @@ class Mamba(nn.Module):
         xh = xs.view(B, T, self.h, -1)                                      # (B, T, H, P)
         ssd = self._ssd(x, xh.shape[-1])
         if ssd is not None:
-            form = ssd_form()
-            self.backend = "mamba-ssm-ssd" + ("" if form == "fused" else "-" + form)
-            y = ssd_scan(ssd, xh, dt, self.A_log, self.dt_bias, self.D, Bm, Cm, self.chunk, form)
+            self.backend = "mamba-ssm-ssd"
+            y = ssd_scan(ssd, xh, dt, self.A_log, self.dt_bias, self.D, Bm, Cm, self.chunk)
             return self.out_proj(self.norm(y.reshape(B, T, self.di), gate=z).to(x.dtype))
         dt = F.softplus(dt.float() + self.dt_bias)                          # (B, T, H)
         log_a, negm = _signed(-self.A_log.float().exp() * dt, self.neg)     # (B, T, H)

@@ -13,6 +13,10 @@ with the K models folded in:
   parameter with no batch dimension (MesaNet's ``lamb``), which the kernel takes as (H,) or (H, D):
   the K models' parameters become (K*H,) or (K*H, D).
 
+An op whose cost grows worse than linearly with the folded size (mamba-ssm's SSD, whose backward's ``torch.cumsum``
+slows fiftyfold per element past a row count: ``ssd_models_per_call``) runs in groups of models, one folded call
+per group (``FoldSpec.per_call``).
+
 Folding into the batch is preferred where an op allows it: fla's autotuning keys on the head count
 (every kernel) and on the batch (a few small ones), so a heads fold autotunes the whole mechanism
 again for each K. GDN's call with its gate fused in the kernel (``use_gate_in_kernel``, per-head
@@ -58,9 +62,37 @@ import torch.nn.functional as F
 class FoldSpec:
     """How to fold one op. ``params``: names of its per-head parameter arguments (no batch
     dimension; head axis 0). ``head_axis``: the head axis of its per-sequence tensors and outputs
-    ((B, T, H, D): 2, fla's layout)."""
+    ((B, T, H, D): 2, fla's layout). ``per_call``: where set, ``per_call(K, args)`` (args by name, each
+    tensor one model's) is how many of the K models one folded call may take; the models then run in
+    groups of that many, one folded call each (``_Call.run``)."""
     params: frozenset[str] = field(default_factory=frozenset)
     head_axis: int = 2
+    per_call: Callable[[int, dict], int] | None = None
+
+
+# torch's CUDA cumsum along the last dimension (ATen ScanUtils.cuh, get_log_num_threads_x_inner_scan) gives a block
+# 2^x threads per row with x = (9 + log2 row - log2 rows) / 2 in unsigned arithmetic: past 2^(9 + log2 row) rows the
+# difference wraps and x clamps to 9, one row of 64 per block of 512 threads. Measured on an H200
+# (benchmarks/cumsum_rows.py, benchmarks/h200-2026-12-04d): float32 rows of 64, 32,768 rows 22 us (748 GB/s),
+# 196,608 rows 1.1 ms (91 GB/s).
+SCAN_LOG_THREADS = 9
+
+
+def scan_rows_limit(row: int) -> int:
+    """The most rows of length ``row`` that torch's CUDA cumsum along the last dimension scans several to a block."""
+    return 1 << (SCAN_LOG_THREADS + max(row - 1, 0).bit_length())
+
+
+def ssd_models_per_call(K: int, args: dict) -> int:
+    """mamba-ssm's ``mamba_chunk_scan_combined`` under stacking: its backward calls ``torch.cumsum`` over rows of
+    ``chunk_size`` with batch x heads x chunks rows, which the heads fold multiplies by the models in the call (a
+    graphed K = 6 step at length 1024 spent 4.6 ms of 85 there). As many models a call as keep those rows within
+    ``scan_rows_limit`` (at least one); all K with ``MIXZOO_MAMBA_SSD_FOLD=whole``."""
+    if os.environ.get("MIXZOO_MAMBA_SSD_FOLD", "split") == "whole":
+        return K
+    x, chunk = args["x"], args["chunk_size"]
+    rows = x.shape[0] * x.shape[2] * -(-x.shape[1] // chunk)
+    return max(1, min(K, scan_rows_limit(chunk) // rows))
 
 
 # the ops mixzoo's mechanisms call, by function name; anything else folds into the batch
@@ -71,7 +103,8 @@ SPECS: dict[str, FoldSpec] = {
     "lla": FoldSpec(head_axis=1),           # mixzoo.kernels.lla.triton_lla.lla: (B, H, T, D)
     # mamba-ssm's SSD (Mamba-2 at narrow heads): x (B, T, K*H, P), dt (B, T, K*H), the K models' B and C
     # (B, T, 1, N) as its K groups (B, T, K, N): head k*H + h reads group k, as mamba-ssm groups heads
-    "mamba_chunk_scan_combined": FoldSpec(frozenset({"A", "D", "dt_bias"})),
+    # in groups of models (ssd_models_per_call)
+    "mamba_chunk_scan_combined": FoldSpec(frozenset({"A", "D", "dt_bias"}), per_call=ssd_models_per_call),
 }
 
 
@@ -112,6 +145,34 @@ class _Call:
         return pos + list(self.keys)
 
     def run(self, K: int, in_dims, args):
+        if self.spec.per_call is not None:
+            g = self.spec.per_call(K, {n: t.select(d, 0) if torch.is_tensor(t) and d is not None else t
+                                       for n, t, d in zip(self.names(), args, in_dims)})
+            if g < K:
+                return self._run_groups(K, g, in_dims, args)
+        return self._run(K, in_dims, args)
+
+    def _run_groups(self, K: int, g: int, in_dims, args):
+        """The models in groups of ``g``, one folded call each; every output the groups' outputs concatenated
+        along a leading model dimension. The inputs are split into views (whose backward is one ``cat``)."""
+        parts = [t.split(g, dim=d) if torch.is_tensor(t) and d is not None else None for t, d in zip(args, in_dims)]
+        outs = []
+        for i, k0 in enumerate(range(0, K, g)):
+            sub = [p[i] if p is not None else t for p, t in zip(parts, args)]
+            outs.append(self._run(min(g, K - k0), in_dims, sub))
+
+        def join(rs, ds):
+            if ds[0] is None:
+                return rs[0], None
+            return torch.cat([r.movedim(d, 0) for r, d in zip(rs, ds)]), 0
+
+        res, dims = outs[0]
+        if isinstance(res, (tuple, list)):
+            pairs = [join([o[0][j] for o in outs], [o[1][j] for o in outs]) for j in range(len(res))]
+            return type(res)(p[0] for p in pairs), tuple(p[1] for p in pairs)
+        return join([o[0] for o in outs], [o[1] for o in outs])
+
+    def _run(self, K: int, in_dims, args):
         names = self.names()
         batched = {n for n, t, d in zip(names, args, in_dims) if torch.is_tensor(t) and d is not None}
         heads = bool(batched & self.spec.params)

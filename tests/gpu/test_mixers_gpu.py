@@ -149,8 +149,7 @@ def test_mamba_backend_by_head_width(monkeypatch):
         assert _rel(ys[key], ref) < 5e-2, (key, _rel(ys[key], ref))
 
 
-@pytest.mark.parametrize("form", ["fused", "absorbed"])
-def test_mamba_ssm_ssd_matches_torch_chunk(form, monkeypatch):
+def test_mamba_ssm_ssd_matches_torch_chunk():
     """mamba-ssm's Triton SSD (where installed): its self-check's errors against float64 at the mad recipe's heads
     of 16 and the states of mamba's search space (16, 32, 64), chunk 64, printed and within SSD_TOLERANCE (each
     width autotunes first, minutes at most); a Mamba-2 layer asked for backend="mamba-ssm" against
@@ -160,10 +159,9 @@ def test_mamba_ssm_ssd_matches_torch_chunk(form, monkeypatch):
     from mixzoo.registry import build_mixer, get_mixer
     if M.ssd_op() is None:
         pytest.skip("mamba-ssm is not installed here")
-    monkeypatch.setenv("MIXZOO_MAMBA_SSD_FORM", form)
     errs = {}
     for P, N, chunk in ((16, 16, 64), (16, 32, 64), (16, 64, 64)):
-        errs[(P, N, chunk)] = M.ssd_errors(torch.cuda.current_device(), P, N, chunk, form)
+        errs[(P, N, chunk)] = M.ssd_errors(torch.cuda.current_device(), P, N, chunk)
         print(f"ssd P {P} N {N} chunk {chunk}: y, dx, ddt, dA_log, dB, dC, dD, ddt_bias "
               + " ".join(f"{e:.1e}" for e in errs[(P, N, chunk)]))
     for (P, N, chunk), e in errs.items():
@@ -177,7 +175,7 @@ def test_mamba_ssm_ssd_matches_torch_chunk(form, monkeypatch):
             y = m(x)
         y.float().square().mean().backward()
         outs[backend] = (m.backend, y.float(), {n: p.grad.float() for n, p in m.named_parameters()})
-    assert outs["mamba-ssm"][0] == "mamba-ssm-ssd" + ("" if form == "fused" else "-absorbed")
+    assert outs["mamba-ssm"][0] == "mamba-ssm-ssd"
     assert outs["torch"][0] == "torch-chunk"
     rels = {"output": _rel(outs["mamba-ssm"][1], outs["torch"][1])}
     rels |= {n: _rel(g, outs["torch"][2][n]) for n, g in outs["mamba-ssm"][2].items()}

@@ -90,13 +90,14 @@ def test_stacked_matches_separate_runs(mixer, mode, monkeypatch):
 
 
 @pytest.mark.parametrize("mode", ["stacked", "stacked+graphed"])
-def test_mamba_absorbed_ssd_stacked_matches_separate_runs(mode, monkeypatch):
-    """MIXZOO_MAMBA_SSD_FORM=absorbed (mamba-ssm's SSD called with A taken into dt, the models folded into its
-    batch): the stacked test above for Mamba-2, on that path."""
+def test_mamba_ssd_in_calls_of_one_model_matches_separate_runs(mode, monkeypatch):
+    """mamba-ssm's SSD under stacking in one call per model (its split by torch's cumsum row limit, here made so
+    small that one model fills a call, as at length 1024 with the mad recipe): the stacked test above for Mamba-2."""
     from mixzoo.models.mamba import ssd_op
+    from mixzoo.train import vmapfold
     if ssd_op() is None:
         pytest.skip("mamba-ssm is not installed here")
-    monkeypatch.setenv("MIXZOO_MAMBA_SSD_FORM", "absorbed")
+    monkeypatch.setattr(vmapfold, "SCAN_LOG_THREADS", -3)      # 2^(-3 + 6) = 8 rows a call: one model
     test_stacked_matches_separate_runs("mamba", mode, monkeypatch)
 
 
