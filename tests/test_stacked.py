@@ -266,6 +266,38 @@ def test_vmap_folds_a_custom_op_into_batch_or_heads():
     assert batch(q[0], v[0], a=shared)[0].shape == (B, T, H, D)  # outside vmap: the op itself
 
 
+@pytest.mark.parametrize("mode,T,calls", [("auto", 6, [3 * 4]), ("auto", 8, [4, 4, 4]), ("whole", 8, [12]),
+                                           ("per-model", 6, [4, 4, 4])])
+def test_mesa_s_op_folds_its_heads_or_runs_one_model_a_call(mode, T, calls, monkeypatch):
+    """fla's chunk_mesa_net (per-head lamb) under vmap: a heads fold of the K models, or (``MIXZOO_MESA_FOLD``; "auto"
+    from ``MESA_PER_MODEL_TOKENS`` tokens a model, here made 16) one call a model; outputs and gradients equal a loop
+    over the models either way, the output in the stacked layout, the final states (None) passed through."""
+    from torch.func import vmap
+
+    from mixzoo.train import vmapfold
+    monkeypatch.setattr(vmapfold, "MESA_PER_MODEL_TOKENS", 16)
+    monkeypatch.setenv("MIXZOO_MESA_FOLD", mode)
+    heads = []
+
+    def chunk_mesa_net(q, k, v, g, beta, lamb, output_final_state=False):
+        heads.append(q.shape[2])
+        w = lamb[None, None] * beta[..., None]                              # (B, T, H, D)
+        return (q * k * v * w).cumsum(1) * g.exp()[..., None], None, None
+    K, B, H, D = 3, 2, 4, 3
+    g0 = torch.Generator().manual_seed(0)
+    r = lambda *sh: torch.randn(*sh, generator=g0, dtype=torch.float64, requires_grad=True)   # noqa: E731
+    q, k, v, g, beta, lamb = r(K, B, T, H, D), r(K, B, T, H, D), r(K, B, T, H, D), r(K, B, T, H), r(K, B, T, H), r(K, H, D)
+    ins = (q, k, v, g, beta, lamb)
+    op = vmapfold.foldable(chunk_mesa_net)
+    out, hk, hv = vmap(lambda *a: op(*a[:5], lamb=a[5]), out_dims=(0, None, None))(*ins)
+    assert heads == calls and hk is None and hv is None and out.shape == (K, B, T, H, D)
+    ref = torch.stack([chunk_mesa_net(*(t[i] for t in ins))[0] for i in range(K)])
+    torch.testing.assert_close(out, ref)
+    dy = torch.randn(ref.shape, generator=g0, dtype=torch.float64)
+    for got, want in zip(torch.autograd.grad(out, ins, dy), torch.autograd.grad(ref, ins, dy)):
+        torch.testing.assert_close(got, want)
+
+
 def test_gdn_s_fused_gate_is_rewritten_to_fold_into_the_batch():
     """fla's chunk_gated_delta_rule with its gate in the kernel (per-model A_log, dt_bias of shape (H,))
     is called, under vmap, with the gate computed outside: one call on K*B sequences, the numbers of a

@@ -28,6 +28,9 @@ MAMBA_SSD = ("mamba-ssm", "torch-chunk")
 # that SSD under stacking (train.vmapfold.ssd_models_per_call): the K models in as many folded calls as keep torch's
 # cumsum in its backward under the rows it scans well ("split"), or in one call ("whole"); the first is the default
 MAMBA_SSD_FOLD = ("split", "whole")
+# MesaNet's chunk_mesa_net under stacking (train.vmapfold.mesa_models_per_call): one model a call on long inputs and one
+# heads fold of the K models on short ones ("auto", the default), or one way at every size
+MESA_FOLD = ("auto", "whole", "per-model")
 # the short convolution under stacking (causal_conv._fold): the models in the batch or in the channels; the first is
 # the default
 CONV_FOLDS = ("batch", "channels")
@@ -35,7 +38,7 @@ CONV_FOLDS = ("batch", "channels")
 LLA_C = ("forward", "summed")
 NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS, "MIXZOO_ATTN": ATTN_CHOICES, "MIXZOO_LLA_C": LLA_C,
                   "MIXZOO_PARALLAX_TILES": PARALLAX_TILES, "MIXZOO_SSD_DOT": SSD_FORMS,
-                  "MIXZOO_MAMBA_SSD": MAMBA_SSD, "MIXZOO_MAMBA_SSD_FOLD": MAMBA_SSD_FOLD,
+                  "MIXZOO_MAMBA_SSD": MAMBA_SSD, "MIXZOO_MAMBA_SSD_FOLD": MAMBA_SSD_FOLD, "MIXZOO_MESA_FOLD": MESA_FOLD,
                   "MIXZOO_CONV_FOLD": CONV_FOLDS, **GLA_SWITCHES}
 
 

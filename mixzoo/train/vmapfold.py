@@ -96,10 +96,28 @@ def ssd_models_per_call(K: int, args: dict) -> int:
 
 
 # the ops mixzoo's mechanisms call, by function name; anything else folds into the batch
+# MesaNet's chunk_mesa_net under stacking (its per-head lamb makes a heads fold: copies into and out of a (B, T, K*H, D)
+# layout): from this many tokens a model's call (batch x length) the models run one a call on views of the stacked
+# layout instead, in "auto"; set from the side-by-side measurement in benchmarks/h200-2026-12-04d
+MESA_PER_MODEL_TOKENS = 1 << 16
+
+
+def mesa_models_per_call(K: int, args: dict) -> int:
+    """``MIXZOO_MESA_FOLD``: "auto" (the default) one model a call where a model's q has at least
+    ``MESA_PER_MODEL_TOKENS`` tokens, else all K in one heads fold; "whole" and "per-model" one way at every size."""
+    mode = os.environ.get("MIXZOO_MESA_FOLD") or "auto"
+    if mode == "whole":
+        return K
+    if mode == "per-model":
+        return 1
+    q = args["q"]
+    return 1 if q.shape[0] * q.shape[1] >= MESA_PER_MODEL_TOKENS else K
+
+
 SPECS: dict[str, FoldSpec] = {
     "scaled_dot_product_attention": FoldSpec(),
     "chunk_gated_delta_rule": FoldSpec(frozenset({"A_log", "dt_bias"})),   # if not rewritten (REWRITES)
-    "chunk_mesa_net": FoldSpec(frozenset({"lamb"})),
+    "chunk_mesa_net": FoldSpec(frozenset({"lamb"}), per_call=mesa_models_per_call),
     "lla": FoldSpec(head_axis=1),           # mixzoo.kernels.lla.triton_lla.lla: (B, H, T, D)
     # mamba-ssm's SSD (Mamba-2 at narrow heads): x (B, T, K*H, P), dt (B, T, K*H), the K models' B and C
     # (B, T, 1, N) as its K groups (B, T, K, N): head k*H + h reads group k, as mamba-ssm groups heads

@@ -102,6 +102,14 @@ def test_mamba_ssd_in_calls_of_one_model_matches_separate_runs(mode, monkeypatch
 
 
 @pytest.mark.parametrize("mode", ["stacked", "stacked+graphed"])
+def test_mesa_one_model_a_call_matches_separate_runs(mode, monkeypatch):
+    """MIXZOO_MESA_FOLD=per-model (fla's chunk_mesa_net once a model on views of the stacked layout, as "auto" runs it
+    on long inputs): the stacked test above for MesaNet."""
+    monkeypatch.setenv("MIXZOO_MESA_FOLD", "per-model")
+    test_stacked_matches_separate_runs("mesa", mode, monkeypatch)
+
+
+@pytest.mark.parametrize("mode", ["stacked", "stacked+graphed"])
 def test_mesa_in_kernel_l2norm_stacked_matches_separate_runs(mode, monkeypatch):
     """MIXZOO_MESA_L2NORM=fla (q, k normalized inside fla's call): stacked runs against separate ones, and
     the first separate run against the same run with F.normalize (the switch off)."""
