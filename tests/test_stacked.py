@@ -266,17 +266,19 @@ def test_vmap_folds_a_custom_op_into_batch_or_heads():
     assert batch(q[0], v[0], a=shared)[0].shape == (B, T, H, D)  # outside vmap: the op itself
 
 
-@pytest.mark.parametrize("mode,T,calls", [("auto", 6, [3 * 4]), ("auto", 8, [4, 4, 4]), ("whole", 8, [12]),
-                                           ("per-model", 6, [4, 4, 4])])
-def test_mesa_s_op_folds_its_heads_or_runs_one_model_a_call(mode, T, calls, monkeypatch):
-    """fla's chunk_mesa_net (per-head lamb) under vmap: a heads fold of the K models, or (``MIXZOO_MESA_FOLD``; "auto"
-    from ``MESA_PER_MODEL_TOKENS`` tokens a model, here made 16) one call a model; outputs and gradients equal a loop
-    over the models either way, the output in the stacked layout, the final states (None) passed through."""
+@pytest.mark.parametrize("mode,calls", [(None, [4, 4, 4]), ("per-model", [4, 4, 4]), ("whole", [12])])
+def test_mesa_s_op_runs_one_model_a_call_or_folds_its_heads(mode, calls, monkeypatch):
+    """fla's chunk_mesa_net (per-head lamb) under vmap: one call a model (the default), or (``MIXZOO_MESA_FOLD=whole``)
+    a heads fold of the K models; outputs and gradients equal a loop over the models either way, the output in the
+    stacked layout, the final states (None) passed through."""
     from torch.func import vmap
 
     from mixzoo.train import vmapfold
-    monkeypatch.setattr(vmapfold, "MESA_PER_MODEL_TOKENS", 16)
-    monkeypatch.setenv("MIXZOO_MESA_FOLD", mode)
+    if mode is None:
+        monkeypatch.delenv("MIXZOO_MESA_FOLD", raising=False)
+    else:
+        monkeypatch.setenv("MIXZOO_MESA_FOLD", mode)
+    T = 6
     heads = []
 
     def chunk_mesa_net(q, k, v, g, beta, lamb, output_final_state=False):

@@ -28,9 +28,9 @@ MAMBA_SSD = ("mamba-ssm", "torch-chunk")
 # that SSD under stacking (train.vmapfold.ssd_models_per_call): the K models in as many folded calls as keep torch's
 # cumsum in its backward under the rows it scans well ("split"), or in one call ("whole"); the first is the default
 MAMBA_SSD_FOLD = ("split", "whole")
-# MesaNet's chunk_mesa_net under stacking (train.vmapfold.mesa_models_per_call): one model a call on long inputs and one
-# heads fold of the K models on short ones ("auto", the default), or one way at every size
-MESA_FOLD = ("auto", "whole", "per-model")
+# MesaNet's chunk_mesa_net under stacking (train.vmapfold.mesa_models_per_call): one call a model, or the K models in one
+# heads fold; the first is the default
+MESA_FOLD = ("per-model", "whole")
 # the short convolution under stacking (causal_conv._fold): the models in the batch or in the channels; the first is
 # the default
 CONV_FOLDS = ("batch", "channels")

@@ -11,7 +11,8 @@ with the K models folded in:
   (q, k, v, gates, a ridge expanded over the batch);
 * into the heads: (K, B, T, H, ...) -> (B, T, K*H, ...), when a per-model argument is a per-head
   parameter with no batch dimension (MesaNet's ``lamb``), which the kernel takes as (H,) or (H, D):
-  the K models' parameters become (K*H,) or (K*H, D).
+  the K models' parameters become (K*H,) or (K*H, D) (MesaNet's op runs one model a call instead by default:
+  ``mesa_models_per_call``).
 
 An op whose cost grows worse than linearly with the folded size (mamba-ssm's SSD, whose backward's ``torch.cumsum``
 slows fiftyfold per element past a row count: ``ssd_models_per_call``) runs in groups of models, one folded call
@@ -96,22 +97,12 @@ def ssd_models_per_call(K: int, args: dict) -> int:
 
 
 # the ops mixzoo's mechanisms call, by function name; anything else folds into the batch
-# MesaNet's chunk_mesa_net under stacking (its per-head lamb makes a heads fold: copies into and out of a (B, T, K*H, D)
-# layout): from this many tokens a model's call (batch x length) the models run one a call on views of the stacked
-# layout instead, in "auto"; set from the side-by-side measurement in benchmarks/h200-2026-12-04d
-MESA_PER_MODEL_TOKENS = 1 << 16
-
-
 def mesa_models_per_call(K: int, args: dict) -> int:
-    """``MIXZOO_MESA_FOLD``: "auto" (the default) one model a call where a model's q has at least
-    ``MESA_PER_MODEL_TOKENS`` tokens, else all K in one heads fold; "whole" and "per-model" one way at every size."""
-    mode = os.environ.get("MIXZOO_MESA_FOLD") or "auto"
-    if mode == "whole":
-        return K
-    if mode == "per-model":
-        return 1
-    q = args["q"]
-    return 1 if q.shape[0] * q.shape[1] >= MESA_PER_MODEL_TOKENS else K
+    """fla's chunk_mesa_net under stacking: its per-head ``lamb`` makes a heads fold, with copies into and out of a
+    (B, T, K*H, D) layout that later ops read strided. One model a call on views of the stacked layout instead (the
+    default) measured 1.03 / 1.05 / 1.07 / 1.08x the heads fold, stacked+graphed K = 6 at lengths 128 / 256 / 512 /
+    1024 side by side on an H200 (benchmarks/h200-2026-12-04d). ``MIXZOO_MESA_FOLD=whole``: the heads fold."""
+    return K if os.environ.get("MIXZOO_MESA_FOLD") == "whole" else 1
 
 
 SPECS: dict[str, FoldSpec] = {

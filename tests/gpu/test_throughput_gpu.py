@@ -102,10 +102,10 @@ def test_mamba_ssd_in_calls_of_one_model_matches_separate_runs(mode, monkeypatch
 
 
 @pytest.mark.parametrize("mode", ["stacked", "stacked+graphed"])
-def test_mesa_one_model_a_call_matches_separate_runs(mode, monkeypatch):
-    """MIXZOO_MESA_FOLD=per-model (fla's chunk_mesa_net once a model on views of the stacked layout, as "auto" runs it
-    on long inputs): the stacked test above for MesaNet."""
-    monkeypatch.setenv("MIXZOO_MESA_FOLD", "per-model")
+def test_mesa_heads_fold_matches_separate_runs(mode, monkeypatch):
+    """MIXZOO_MESA_FOLD=whole (fla's chunk_mesa_net once for the K models, their heads side by side, where the default
+    calls it once a model): the stacked test above for MesaNet."""
+    monkeypatch.setenv("MIXZOO_MESA_FOLD", "whole")
     test_stacked_matches_separate_runs("mesa", mode, monkeypatch)
 
 
