@@ -96,7 +96,6 @@ def ssd_models_per_call(K: int, args: dict) -> int:
     return max(1, min(K, scan_rows_limit(chunk) // rows))
 
 
-# the ops mixzoo's mechanisms call, by function name; anything else folds into the batch
 def mesa_models_per_call(K: int, args: dict) -> int:
     """fla's chunk_mesa_net under stacking: its per-head ``lamb`` makes a heads fold, with copies into and out of a
     (B, T, K*H, D) layout that later ops read strided. One model a call on views of the stacked layout instead (the
@@ -105,14 +104,15 @@ def mesa_models_per_call(K: int, args: dict) -> int:
     return K if os.environ.get("MIXZOO_MESA_FOLD") == "whole" else 1
 
 
+# the ops mixzoo's mechanisms call, by function name; anything else folds into the batch
 SPECS: dict[str, FoldSpec] = {
     "scaled_dot_product_attention": FoldSpec(),
     "chunk_gated_delta_rule": FoldSpec(frozenset({"A_log", "dt_bias"})),   # if not rewritten (REWRITES)
     "chunk_mesa_net": FoldSpec(frozenset({"lamb"}), per_call=mesa_models_per_call),
     "lla": FoldSpec(head_axis=1),           # mixzoo.kernels.lla.triton_lla.lla: (B, H, T, D)
     # mamba-ssm's SSD (Mamba-2 at narrow heads): x (B, T, K*H, P), dt (B, T, K*H), the K models' B and C
-    # (B, T, 1, N) as its K groups (B, T, K, N): head k*H + h reads group k, as mamba-ssm groups heads
-    # in groups of models (ssd_models_per_call)
+    # (B, T, 1, N) as its K groups (B, T, K, N): head k*H + h reads group k, as mamba-ssm groups heads; the
+    # models in groups under torch's cumsum row limit (ssd_models_per_call)
     "mamba_chunk_scan_combined": FoldSpec(frozenset({"A", "D", "dt_bias"}), per_call=ssd_models_per_call),
 }
 
