@@ -10,8 +10,9 @@ default tiles' (the tile changes the summation order only). Inputs: Gaussian q, 
 to 16 (as ``lla()`` pads them), the ridge ``--lam`` everywhere (mixzoo's default ridge 1.0 runs at
 precision level 2). ``--solves``: the solves timed side by side at the default tiles (``cg``: conjugate
 gradients; ``direct``: the explicit solve of heads of at most 8 dims, C summed again in the backward; ``directc``:
-the same with the forward's C kept for the backward, as the mechanism runs it; ``direct1``: the output formed from
-the moment pass, ``onepass``); ``--sweep``: those whose tiles are then swept.
+the same with the forward's C kept for the backward (``MIXZOO_LLA_H=summed``); ``direct1``: the output formed from
+the moment pass, ``onepass``; ``directh``: the forward's C and Σ_VK, k̄, v̄ kept, the backward's query pass without its
+pass before the solve, as the mechanism runs it by default); ``--sweep``: those whose tiles are then swept.
 """
 from __future__ import annotations
 
@@ -40,9 +41,10 @@ def _rel(a, b):
     return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
 
 
-# directc: the explicit solve with the forward's C kept for the backward (``cm``, as ``LLAFunction`` runs it by default)
+# directc: the explicit solve with the forward's C kept for the backward (``cm``, ``MIXZOO_LLA_H=summed``); directh: also
+# its Σ_VK, k̄, v̄ (``mom``; the output from the moment pass), as ``LLAFunction`` runs it by default
 SOLVES = {"cg": dict(dr=None, onepass=False), "direct": dict(dr=8, onepass=False), "direct1": dict(dr=8, onepass=True),
-          "directc": dict(dr=8, onepass=False, cm=True)}
+          "directc": dict(dr=8, onepass=False, cm=True), "directh": dict(dr=8, onepass=True, cm=True, mom=True)}
 
 
 def run(BH, T, lam, cfg, d=8, Dp=16, solve="cg"):
@@ -53,13 +55,16 @@ def run(BH, T, lam, cfg, d=8, Dp=16, solve="cg"):
     sv = dict(SOLVES[solve])
     if sv.pop("cm", False):
         sv["cm"] = torch.empty(BH, T, sv["dr"] ** 2, device="cuda", dtype=torch.float32)
+    if sv.pop("mom", False):
+        sv["mom"] = torch.empty(BH, T, sv["dr"] ** 2 + 2 * sv["dr"], device="cuda", dtype=torch.float32)
     o, y, lse, itf = K.lla_forward(q, k, v, lamt, s, tol, it, jac, cfg, **sv)
-    cm = sv.get("cm")
-    dq, dk, dv, dl, itb = K.lla_backward(q, k, v, go, lamt, y, lse, s, tol, it, jac, cfg, dr=sv["dr"], cm=cm)
+    cm, mom = sv.get("cm"), sv.get("mom")
+    dq, dk, dv, dl, itb = K.lla_backward(q, k, v, go, lamt, y, lse, s, tol, it, jac, cfg, dr=sv["dr"], cm=cm, mom=mom)
     tf = triton.testing.do_bench(lambda: K.lla_forward(q, k, v, lamt, s, tol, it, jac, cfg, **sv), warmup=5,
                                  rep=40, return_mode="median")
     tb = triton.testing.do_bench(lambda: K.lla_backward(q, k, v, go, lamt, y, lse, s, tol, it, jac, cfg,
-                                                        dr=sv["dr"], cm=cm), warmup=5, rep=40, return_mode="median")
+                                                        dr=sv["dr"], cm=cm, mom=mom), warmup=5, rep=40,
+                                 return_mode="median")
     return tf, tb, float(itf.float().mean()), float(itb.float().mean()), (o, dq, dk, dv)
 
 

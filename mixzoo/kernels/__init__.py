@@ -34,12 +34,20 @@ MESA_FOLD = ("per-model", "whole")
 # the short convolution under stacking (causal_conv._fold): the models in the batch or in the channels; the first is
 # the default
 CONV_FOLDS = ("batch", "channels")
+# the short convolution's backward (causal_conv_triton.backward): one pass a row at a time or two passes through dz
+CONV_BWD = ("seq", "two-pass")
+# its forward (causal_conv_triton.forward): a row at a time or in (positions, channels) tiles
+CONV_FWD = ("seq", "tiles")
 # LLA's explicit solve (lla.triton_lla): the backward takes the forward's C ("forward") or sums it again
 LLA_C = ("forward", "summed")
+# and its right-hand side h = Σ_VKᵀ g from moments the forward kept ("forward", its output then formed from them) or
+# summed again over the keys
+LLA_H = ("forward", "summed")
 NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS, "MIXZOO_ATTN": ATTN_CHOICES, "MIXZOO_LLA_C": LLA_C,
-                  "MIXZOO_PARALLAX_TILES": PARALLAX_TILES, "MIXZOO_SSD_DOT": SSD_FORMS,
+                  "MIXZOO_LLA_H": LLA_H, "MIXZOO_PARALLAX_TILES": PARALLAX_TILES, "MIXZOO_SSD_DOT": SSD_FORMS,
                   "MIXZOO_MAMBA_SSD": MAMBA_SSD, "MIXZOO_MAMBA_SSD_FOLD": MAMBA_SSD_FOLD, "MIXZOO_MESA_FOLD": MESA_FOLD,
-                  "MIXZOO_CONV_FOLD": CONV_FOLDS, **GLA_SWITCHES}
+                  "MIXZOO_CONV_FOLD": CONV_FOLDS, "MIXZOO_CONV_BWD": CONV_BWD, "MIXZOO_CONV_FWD": CONV_FWD,
+                  **GLA_SWITCHES}
 
 
 def switch_error() -> str | None:

@@ -175,3 +175,24 @@ def test_direct_solve_onepass_output(lam, monkeypatch):
     assert _rel(one, ref) < 1e-2 and _rel(one, ref) < 2 * _rel(two, ref) + 2e-3
     for g, r in zip(gs, rg):
         assert _rel(g, r) < 2e-2
+
+
+@pytest.mark.parametrize("lam", RIDGES)
+def test_direct_solve_h_from_forward(lam, monkeypatch):
+    """The backward's right-hand side h = Σ_VKᵀ g from the forward's moments (``h_from_forward``, the default: the
+    forward one pass, the query pass without its pass before the solve) against h summed over the keys again
+    (``MIXZOO_LLA_H=summed``): output and gradients as close to float64 at every precision level, peaked attention,
+    no worse than the summed form (smaller at level 0, where the summed h takes its weights in one bf16 part)."""
+    from mixzoo.kernels.lla import triton_lla as K
+    seed = 400 + int(10 * lam)
+    errs = {}
+    for form in ("summed", "forward"):
+        monkeypatch.setenv("MIXZOO_LLA_H", form)
+        out, ref, gs, rg = _case(2, 4, 300, 8, lam, 4.0, torch.bfloat16, seed=seed, solve="direct")
+        assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in gs)
+        errs[form] = [_rel(out, ref)] + [_rel(g, r) for g, r in zip(gs, rg)]
+    assert K.h_from_forward() and K.c_from_forward()
+    print(f"λ {lam}: o, dq, dk, dv errors h from the forward {errs['forward']}, summed again {errs['summed']}")
+    assert errs["forward"][0] < 1e-2 and max(errs["forward"][1:]) < 2e-2
+    for a, b in zip(errs["forward"], errs["summed"]):
+        assert a <= 1.1 * b + 5e-4

@@ -87,7 +87,8 @@ CONFIGS = {
     "bwd_q": {16: (64, 64, 4, 2), 32: (64, 64, 4, 2), 64: (64, 64, 4, 2), 128: (64, 64, 4, 2)},
     "bwd_kv": {16: (64, 64, 4, 2), 32: (64, 64, 4, 2), 64: (64, 64, 4, 2), 128: (64, 64, 4, 2)},
 }
-DEFAULTS = {"tol": 1e-3, "max_iter": 48, "jacobi": False, "solve": "auto", "onepass": False, "c_from_forward": True}
+DEFAULTS = {"tol": 1e-3, "max_iter": 48, "jacobi": False, "solve": "auto", "onepass": False, "c_from_forward": True,
+            "h_from_forward": True}
 
 
 def c_from_forward() -> bool:
@@ -95,6 +96,15 @@ def c_from_forward() -> bool:
     switch ``MIXZOO_LLA_C`` says ``summed`` (C summed again in the backward's query pass) or ``forward``."""
     sw = os.environ.get("MIXZOO_LLA_C")
     return DEFAULTS["c_from_forward"] if not sw else sw == "forward"
+
+
+def h_from_forward() -> bool:
+    """Whether the explicit solve's backward forms its right-hand side h = Σ_VKᵀ g from moments the forward kept
+    (Σ_VK, k̄, v̄: the forward then forms its output from them, ``onepass``) instead of summing it over the keys
+    again: ``DEFAULTS["h_from_forward"]``, unless the switch ``MIXZOO_LLA_H`` says ``summed`` or ``forward``.
+    Only with the forward's C (``c_from_forward``): the backward's query pass then makes one pass over the keys."""
+    sw = os.environ.get("MIXZOO_LLA_H")
+    return DEFAULTS["h_from_forward"] if not sw else sw == "forward"
 # Heads of at most this many dims solve C y = b directly (``_direct_solve``): C's DR x DR entries are summed in
 # the moment pass (DR = 4 or 8, the head dim rounded up; tl.dot needs DR·DR >= 16), then eliminated in registers,
 # in place of CG's passes over the keys. Wider heads would not fit C in registers.
@@ -251,6 +261,19 @@ def _direct_solve(s2, wsum, kbar, lam, rhs, D: tl.constexpr, DR: tl.constexpr, B
 
 
 @triton.jit
+def _stored_moments(MOM, rows, rmask, g, D: tl.constexpr, DR: tl.constexpr, BM: tl.constexpr):
+    """k̄, Γ̄ = g . v̄ and h = Σ_VKᵀ g of a query tile from the forward's Σ_VK, k̄, v̄ (rows of DR·DR + 2·DR floats,
+    ``_lla_fwd`` with STORE_M): h = Σ a (k - k̄)(v - v̄)ᵀ g = Σ a (Γ - Γ̄)(k - k̄), the pass over the keys it replaces."""
+    mrow = MOM + rows.to(tl.int64)[:, None] * (DR * DR + 2 * DR)
+    svk = tl.reshape(tl.load(mrow + tl.arange(0, DR * DR)[None, :], mask=rmask[:, None], other=0.0), (BM, DR, DR))
+    kr = tl.load(mrow + DR * DR + tl.arange(0, DR)[None, :], mask=rmask[:, None], other=0.0)
+    vr = tl.load(mrow + DR * DR + DR + tl.arange(0, DR)[None, :], mask=rmask[:, None], other=0.0)
+    gr = _first(g.to(tl.float32), D, DR, BM)
+    h = tl.sum(svk * gr[:, :, None], 1)                # Σ_VK[d1, d2] g[d1] over the value dims d1
+    return _widen(kr, D, DR, BM), tl.sum(gr * vr, 1), _widen(h, D, DR, BM)
+
+
+@triton.jit
 def _cg_solve(rhs, q, kbar, lse2, lam, dinv, Kb, offs_m, offs_d, hi, T, sc2, tol2, max_iter,
               D: tl.constexpr, BN: tl.constexpr, JACOBI: tl.constexpr, PREC: tl.constexpr, TIGHT: tl.constexpr):
     """Solve (Σ a (k - k̄)(k - k̄)ᵀ + λI) x = rhs for every row of a query tile; matrix-free CG.
@@ -335,10 +358,10 @@ def _cg_solve(rhs, q, kbar, lse2, lam, dinv, Kb, offs_m, offs_d, hi, T, sc2, tol
 
 
 @triton.jit
-def _lla_fwd(Q, K, V, LAM, OUT, Y, LSE, ITS, CM, T, sc2, tol2, max_iter,
+def _lla_fwd(Q, K, V, LAM, OUT, Y, LSE, ITS, CM, MOM, T, sc2, tol2, max_iter,
              D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, JACOBI: tl.constexpr, STORE_Y: tl.constexpr,
              PREC: tl.constexpr, DR: tl.constexpr, DIRECT: tl.constexpr, ONEPASS: tl.constexpr,
-             STORE_C: tl.constexpr):
+             STORE_C: tl.constexpr, STORE_M: tl.constexpr):
     n_m = tl.cdiv(T, BM)
     pid_m = n_m - 1 - tl.program_id(0)            # longest tiles first
     bh = tl.program_id(1).to(tl.int64)
@@ -424,6 +447,11 @@ def _lla_fwd(Q, K, V, LAM, OUT, Y, LSE, ITS, CM, T, sc2, tol2, max_iter,
         vr, kr, yr = _first(vbar, D, DR, BM), _first(kbar, D, DR, BM), _first(y, D, DR, BM)
         svk = tl.reshape(vk, (BM, DR, DR)) / wsum[:, None, None] - vr[:, :, None] * kr[:, None, :]
         acc = _widen(vr - tl.sum(svk * yr[:, None, :], 2), D, DR, BM)
+        if STORE_M:                                 # Σ_VK, k̄, v̄ for the backward's h = Σ_VKᵀ g (``lla_backward``)
+            mrow = MOM + (bh * T + offs_m)[:, None] * (DR * DR + 2 * DR)
+            tl.store(mrow + tl.arange(0, DR * DR)[None, :], tl.reshape(svk, (BM, DR * DR)), mask=rmask[:, None])
+            tl.store(mrow + DR * DR + tl.arange(0, DR)[None, :], kr, mask=rmask[:, None])
+            tl.store(mrow + DR * DR + DR + tl.arange(0, DR)[None, :], vr, mask=rmask[:, None])
     else:
         # pass 3: o = Σ a (1 - y . (k - k̄)) v. When λ is small and the query lies outside the key cloud, |y| is up to
         # |k̄ - q|/λ and e = y.k - y.k̄ cancels, so y and the weights always go through the matmuls as hi + lo
@@ -453,11 +481,12 @@ def _lla_fwd(Q, K, V, LAM, OUT, Y, LSE, ITS, CM, T, sc2, tol2, max_iter,
 
 
 @triton.jit
-def _lla_bwd_q(Q, K, V, G, LAM, Y, LSE, DQ, NU, ROWS, DLAM, ITS, CM, T, scale, sc2, tol2, max_iter,
+def _lla_bwd_q(Q, K, V, G, LAM, Y, LSE, DQ, NU, ROWS, DLAM, ITS, CM, MOM, T, scale, sc2, tol2, max_iter,
                D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, JACOBI: tl.constexpr, PREC: tl.constexpr,
-               DR: tl.constexpr, DIRECT: tl.constexpr, LOAD_C: tl.constexpr):
+               DR: tl.constexpr, DIRECT: tl.constexpr, LOAD_C: tl.constexpr, LOAD_M: tl.constexpr):
     """Per query tile: k̄, h = Σ a (Γ - Γ̄)(k - k̄) with Γ_j = g . v_j; ν = C⁻¹ h; dq = ν + scale Σ P (k - k̄).
-    LOAD_C (with DIRECT): C is the forward's (``CM``), not summed again here."""
+    LOAD_C (with DIRECT): C is the forward's (``CM``), not summed again here. LOAD_M (with LOAD_C): h = Σ_VKᵀ g and
+    Γ̄ = g . v̄ from the forward's Σ_VK, k̄, v̄ (``MOM``), and no pass over the keys before the solve."""
     n_m = tl.cdiv(T, BM)
     pid_m = n_m - 1 - tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
@@ -474,62 +503,66 @@ def _lla_bwd_q(Q, K, V, G, LAM, Y, LSE, DQ, NU, ROWS, DLAM, ITS, CM, T, scale, s
     lse2 = tl.load(LSE + bh * T + offs_m, mask=rmask, other=0.0)
     hi = tl.minimum(T, (pid_m + 1) * BM)
 
-    # pass 1: Σ a k, Σ a Γ k, Σ a Γ (and Σ a k∘k for Jacobi). PREC >= 1: a and a Γ as hi + lo (an error in h
-    # goes into ν through C⁻¹ like a CG residual; k̄ must match the forward's)
-    kb = tl.zeros([BM, D], tl.float32)
-    tg = tl.zeros([BM, D], tl.float32)
-    dg = tl.zeros([BM, D], tl.float32)
-    asum = tl.zeros([BM], tl.float32)
-    gsum = tl.zeros([BM], tl.float32)
-    s2 = tl.zeros([BM, DR * DR], tl.float32)
-    for start in range(0, hi, BN):
-        offs_n = start + tl.arange(0, BN)
-        kv_off = offs_n[:, None] * D + offs_d[None, :]
-        k = tl.load(Kb + kv_off, mask=offs_n[:, None] < T, other=0.0)
-        v = tl.load(Vb + kv_off, mask=offs_n[:, None] < T, other=0.0)
-        a = tl.math.exp2(_scores(q, k, offs_m, offs_n, T, sc2) - lse2[:, None])
-        gam = tl.dot(g, tl.trans(v))
-        ab, al = _hi_lo(a, DT)
-        agb, agl = _hi_lo(a * gam, DT)
-        tg = tl.dot(agb, k, tg)
-        if DIRECT:                                  # a as _moment_dot splits it, in k̄ and Σa too
-            ab, am, al = _split3(a, DT)
-            kb = tl.dot(am, k, tl.dot(ab, k, kb))
-            asum += tl.sum(ab.to(tl.float32) + am.to(tl.float32), 1)
-            if PREC >= 2:
+    if LOAD_M:                                     # the forward's moments: no pass over the keys here
+        kbar, gbar, h = _stored_moments(MOM, bh * T + offs_m, rmask, g, D, DR, BM)
+        dinv = h
+    else:
+        # pass 1: Σ a k, Σ a Γ k, Σ a Γ (and Σ a k∘k for Jacobi). PREC >= 1: a and a Γ as hi + lo (an error in h
+        # goes into ν through C⁻¹ like a CG residual; k̄ must match the forward's)
+        kb = tl.zeros([BM, D], tl.float32)
+        tg = tl.zeros([BM, D], tl.float32)
+        dg = tl.zeros([BM, D], tl.float32)
+        asum = tl.zeros([BM], tl.float32)
+        gsum = tl.zeros([BM], tl.float32)
+        s2 = tl.zeros([BM, DR * DR], tl.float32)
+        for start in range(0, hi, BN):
+            offs_n = start + tl.arange(0, BN)
+            kv_off = offs_n[:, None] * D + offs_d[None, :]
+            k = tl.load(Kb + kv_off, mask=offs_n[:, None] < T, other=0.0)
+            v = tl.load(Vb + kv_off, mask=offs_n[:, None] < T, other=0.0)
+            a = tl.math.exp2(_scores(q, k, offs_m, offs_n, T, sc2) - lse2[:, None])
+            gam = tl.dot(g, tl.trans(v))
+            ab, al = _hi_lo(a, DT)
+            agb, agl = _hi_lo(a * gam, DT)
+            tg = tl.dot(agb, k, tg)
+            if DIRECT:                                  # a as _moment_dot splits it, in k̄ and Σa too
+                ab, am, al = _split3(a, DT)
+                kb = tl.dot(am, k, tl.dot(ab, k, kb))
+                asum += tl.sum(ab.to(tl.float32) + am.to(tl.float32), 1)
+                if PREC >= 2:
+                    kb = tl.dot(al, k, kb)
+                    asum += tl.sum(al.to(tl.float32), 1)
+                if PREC >= 1:
+                    tg = tl.dot(agl, k, tg)
+                    gsum += tl.sum(agb.to(tl.float32) + agl.to(tl.float32), 1)
+                else:
+                    gsum += tl.sum(agb.to(tl.float32), 1)
+                if not LOAD_C:
+                    kr = _rows(Kb, offs_n, T, DR, D)
+                    kkh, kkl = _outer(kr, kr, BN, DR, DT)
+                    s2 = _moment_dot(ab, am, al, kkh, kkl, s2, PREC)
+            elif PREC >= 1:
+                kb = tl.dot(ab, k, kb)
                 kb = tl.dot(al, k, kb)
-                asum += tl.sum(al.to(tl.float32), 1)
-            if PREC >= 1:
                 tg = tl.dot(agl, k, tg)
+                asum += tl.sum(ab.to(tl.float32) + al.to(tl.float32), 1)
                 gsum += tl.sum(agb.to(tl.float32) + agl.to(tl.float32), 1)
             else:
+                kb = tl.dot(ab, k, kb)
+                asum += tl.sum(ab.to(tl.float32), 1)
                 gsum += tl.sum(agb.to(tl.float32), 1)
-            if not LOAD_C:
-                kr = _rows(Kb, offs_n, T, DR, D)
-                kkh, kkl = _outer(kr, kr, BN, DR, DT)
-                s2 = _moment_dot(ab, am, al, kkh, kkl, s2, PREC)
-        elif PREC >= 1:
-            kb = tl.dot(ab, k, kb)
-            kb = tl.dot(al, k, kb)
-            tg = tl.dot(agl, k, tg)
-            asum += tl.sum(ab.to(tl.float32) + al.to(tl.float32), 1)
-            gsum += tl.sum(agb.to(tl.float32) + agl.to(tl.float32), 1)
-        else:
-            kb = tl.dot(ab, k, kb)
-            asum += tl.sum(ab.to(tl.float32), 1)
-            gsum += tl.sum(agb.to(tl.float32), 1)
+            if JACOBI:
+                kf = k.to(tl.float32)
+                dg = tl.dot(ab, (kf * kf).to(DT), dg)
+        asum = tl.where(asum > 0, asum, 1.0)
+        kbar = kb / asum[:, None]
+        gbar = gsum / asum
+        h = tg / asum[:, None] - gbar[:, None] * kbar
         if JACOBI:
-            kf = k.to(tl.float32)
-            dg = tl.dot(ab, (kf * kf).to(DT), dg)
-    asum = tl.where(asum > 0, asum, 1.0)
-    kbar = kb / asum[:, None]
-    gbar = gsum / asum
-    h = tg / asum[:, None] - gbar[:, None] * kbar
-    if JACOBI:
-        diag = dg / asum[:, None] - kbar * kbar + lam[:, None]
-        dinv = 1.0 / tl.maximum(diag, lam[:, None])
-    else:
-        dinv = h
+            diag = dg / asum[:, None] - kbar * kbar + lam[:, None]
+            dinv = 1.0 / tl.maximum(diag, lam[:, None])
+        else:
+            dinv = h
     if DIRECT:
         if LOAD_C:
             nu = _direct_substitute(CM, bh * T + offs_m, rmask, h, D, DR, BM)
@@ -680,14 +713,15 @@ def _iter_cap(max_iter, prec, Dp):
 
 
 def lla_forward(q, k, v, lam, scale, tol, max_iter, jacobi, cfg=None, store_y=True, prec=None, dr=None,
-                onepass=None, cm=None):
+                onepass=None, cm=None, mom=None):
     """q, k, v: (BH, T, Dp) contiguous, Dp a power of two >= 16; lam: (BH, T) fp32.
 
     ``prec`` (default: ``precision_level(lam.min())``) is the precision level; the backward must get the same.
     ``dr``: solve directly (``_direct_solve``) over the first ``dr`` head dims (4 or 8; the others zero), else CG;
     with it, ``onepass`` (default ``DEFAULTS["onepass"]``) sums Σ a v and Σ a v kᵀ in the moment pass and forms
     the output from them, without the output pass; and ``cm`` (a (BH, T, dr·dr) fp32 tensor, optional) receives
-    each row's C for the backward (``lla_backward(cm=...)``).
+    each row's C for the backward (``lla_backward(cm=...)``); ``mom`` (a (BH, T, dr·dr + 2·dr) fp32 tensor, with
+    ``cm`` and the one-pass output) receives each row's Σ_VK, k̄ and v̄ for the backward (``lla_backward(mom=...)``).
     Returns o, y (fp32), lse (log2-sum-exp per row), and the CG iterations per query tile (0: direct)."""
     BH, T, Dp = q.shape
     prec = precision_level(float(lam.min())) if prec is None else int(prec)
@@ -698,11 +732,12 @@ def lla_forward(q, k, v, lam, scale, tol, max_iter, jacobi, cfg=None, store_y=Tr
     n_m = triton.cdiv(T, BM)
     its = torch.empty(BH, n_m, device=q.device, dtype=torch.int32)
     _check_cm(cm, BH, T, dr)
-    _lla_fwd[(n_m, BH)](q, k, v, lam, o, y, lse, its, lse if cm is None else cm, T, scale * LOG2E, tol * tol,
-                        _iter_cap(max_iter, prec, Dp), D=Dp, BM=BM, BN=BN, JACOBI=jacobi, STORE_Y=store_y, PREC=prec,
-                        DR=dr or 4, DIRECT=dr is not None,
-                        ONEPASS=dr is not None and (DEFAULTS["onepass"] if onepass is None else bool(onepass)),
-                        STORE_C=cm is not None, num_warps=nw, num_stages=ns)
+    onepass = dr is not None and (DEFAULTS["onepass"] if onepass is None else bool(onepass))
+    _check_mom(mom, cm, BH, T, dr, onepass)
+    _lla_fwd[(n_m, BH)](q, k, v, lam, o, y, lse, its, lse if cm is None else cm, lse if mom is None else mom, T,
+                        scale * LOG2E, tol * tol, _iter_cap(max_iter, prec, Dp), D=Dp, BM=BM, BN=BN, JACOBI=jacobi,
+                        STORE_Y=store_y, PREC=prec, DR=dr or 4, DIRECT=dr is not None, ONEPASS=onepass,
+                        STORE_C=cm is not None, STORE_M=mom is not None, num_warps=nw, num_stages=ns)
     return o, y, lse, its
 
 
@@ -713,9 +748,18 @@ def _check_cm(cm, BH, T, dr):
                          f"(dr={dr}), got {None if cm is None else (tuple(cm.shape), cm.dtype)}")
 
 
-def lla_backward(q, k, v, g, lam, y, lse, scale, tol, max_iter, jacobi, cfg=None, prec=None, dr=None, cm=None):
+def _check_mom(mom, cm, BH, T, dr, onepass=True):
+    if mom is not None and (cm is None or not onepass or tuple(mom.shape) != (BH, T, dr * dr + 2 * dr)
+                            or mom.dtype != torch.float32 or not mom.is_contiguous()):
+        raise ValueError(f"lla: mom must be a contiguous float32 ({BH}, {T}, dr*dr + 2*dr) tensor, with cm and the "
+                         f"one-pass output (dr={dr}), got {None if mom is None else (tuple(mom.shape), mom.dtype)}")
+
+
+def lla_backward(q, k, v, g, lam, y, lse, scale, tol, max_iter, jacobi, cfg=None, prec=None, dr=None, cm=None,
+                 mom=None):
     """Returns dq, dk, dv, dλ (fp32, (BH, T)) and the CG iterations per query tile (``prec``, ``dr`` as the
-    forward's; ``cm``: the forward's C, from ``lla_forward(cm=...)``, else C is summed again)."""
+    forward's; ``cm``: the forward's C, from ``lla_forward(cm=...)``, else C is summed again; ``mom``: the forward's
+    Σ_VK, k̄, v̄, from ``lla_forward(mom=...)``, else h is summed over the keys)."""
     prec = precision_level(float(lam.min())) if prec is None else int(prec)
     BH, T, Dp = q.shape
     BM, BN, nw, ns = _cfg("bwd_q", Dp, cfg, direct=dr is not None)
@@ -726,10 +770,11 @@ def lla_backward(q, k, v, g, lam, y, lse, scale, tol, max_iter, jacobi, cfg=None
     n_m = triton.cdiv(T, BM)
     its = torch.empty(BH, n_m, device=q.device, dtype=torch.int32)
     _check_cm(cm, BH, T, dr)
-    _lla_bwd_q[(n_m, BH)](q, k, v, g, lam, y, lse, dq, nu, rows, dlam, its, lse if cm is None else cm, T, scale,
-                          scale * LOG2E, tol * tol, _iter_cap(max_iter, prec, Dp), D=Dp, BM=BM, BN=BN, JACOBI=jacobi,
-                          PREC=prec, DR=dr or 4, DIRECT=dr is not None, LOAD_C=cm is not None, num_warps=nw,
-                          num_stages=ns)
+    _check_mom(mom, cm, BH, T, dr)
+    _lla_bwd_q[(n_m, BH)](q, k, v, g, lam, y, lse, dq, nu, rows, dlam, its, lse if cm is None else cm,
+                          lse if mom is None else mom, T, scale, scale * LOG2E, tol * tol, _iter_cap(max_iter, prec, Dp),
+                          D=Dp, BM=BM, BN=BN, JACOBI=jacobi, PREC=prec, DR=dr or 4, DIRECT=dr is not None,
+                          LOAD_C=cm is not None, LOAD_M=mom is not None, num_warps=nw, num_stages=ns)
     BM, BN, nw, ns = _cfg("bwd_kv", Dp, cfg)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
@@ -756,9 +801,13 @@ class LLAFunction(torch.autograd.Function):
         # backward's query pass then sums no second moments (dr·dr floats a row kept instead)
         cm = (torch.empty(B * H, T, dr * dr, device=q.device, dtype=torch.float32)
               if store and dr is not None and c_from_forward() else None)
+        # and its Σ_VK, k̄, v̄ (``h_from_forward``; the output then formed from them): the query pass makes no pass
+        # over the keys before its solve
+        mom = (torch.empty(B * H, T, dr * dr + 2 * dr, device=q.device, dtype=torch.float32)
+               if cm is not None and h_from_forward() else None)
         o, y, lse, its = lla_forward(qq, kk, vv, lam, scale, tol, max_iter, jacobi, cfg, store_y=store, prec=prec,
-                                     dr=dr, cm=cm)
-        ctx.save_for_backward(qq, kk, vv, lam, y, lse, cm)
+                                     dr=dr, cm=cm, mom=mom, onepass=True if mom is not None else None)
+        ctx.save_for_backward(qq, kk, vv, lam, y, lse, cm, mom)
         ctx.meta = (B, H, T, D, scale, tol, max_iter, jacobi, cfg, prec, dr, q.dtype,
                     ridge.shape if torch.is_tensor(ridge) else None)
         ctx.fwd_iters = its
@@ -767,12 +816,12 @@ class LLAFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_o):
-        qq, kk, vv, lam, y, lse, cm = ctx.saved_tensors
+        qq, kk, vv, lam, y, lse, cm, mom = ctx.saved_tensors
         B, H, T, D, scale, tol, max_iter, jacobi, cfg, prec, dr, in_dtype, ridge_shape = ctx.meta
         Dp = qq.shape[-1]
         g = _pad_dim(grad_o.to(qq.dtype), Dp).reshape(B * H, T, Dp).contiguous()
         dq, dk, dv, dlam, _ = lla_backward(qq, kk, vv, g, lam, y, lse, scale, tol, max_iter, jacobi, cfg, prec, dr,
-                                           cm=cm)
+                                           cm=cm, mom=mom)
         grads = [t.reshape(B, H, T, Dp)[..., :D].to(in_dtype) for t in (dq, dk, dv)]
         dridge = None
         if ridge_shape is not None and ctx.needs_input_grad[3]:
