@@ -99,6 +99,75 @@ print("RESULT", json.dumps(out))
 """
 
 
+ADD = r"""
+from mixzoo.kernels import rmsnorm as N, rmsnorm_triton
+g = torch.Generator().manual_seed(0)
+rel = lambda a, b: float((a.double() - b).norm() / b.norm())
+out = {"usable": N.usable(-1)}
+for rdt, odt, with_ds in (("float32", "float32", True), ("bfloat16", "float32", True), ("bfloat16", "bfloat16", True),
+                          ("bfloat16", "float32", False)):
+    x = torch.randn(3, 7, 173, generator=g) * 3
+    r = (torch.randn(3, 7, 173, generator=g) * 2).to(getattr(torch, rdt))
+    w = 1 + 0.3 * torch.randn(173, generator=g)
+    dy = torch.randn(3, 7, 173, generator=g).to(getattr(torch, odt))
+    ds = torch.randn(3, 7, 173, generator=g) if with_ds else None
+    xr, rr, wr = (t.double().requires_grad_() for t in (x, r, w))
+    sr = xr + rr
+    want = torch.nn.functional.rms_norm(sr, (173,), wr, 1e-6)
+    torch.autograd.backward([sr, want] if with_ds else [want], [ds.double(), dy.double()] if with_ds else [dy.double()])
+    res = {}
+    for name, fn in (("kernel", N.add_rms_norm), ("torch", N.add_rms_norm_torch)):
+        xx, rx, ww = (t.clone().requires_grad_() for t in (x, r, w))
+        s, y = fn(xx, rx, ww, 1e-6, getattr(torch, odt))
+        torch.autograd.backward([s, y] if with_ds else [y], [ds, dy] if with_ds else [dy])
+        res[name] = dict(dtypes=[str(t.dtype) for t in (s, y, xx.grad, rx.grad)], s=rel(s, sr.detach()),
+                         y=rel(y, want.detach()), dx=rel(xx.grad, xr.grad), dr=rel(rx.grad, rr.grad),
+                         dw=rel(ww.grad, wr.grad), s_equal=bool(torch.equal(s, x + r)))
+    out[f"r {rdt} out {odt}{' ds' if with_ds else ''}"] = res
+# stacked: 3 models' RMSNorm with a residual under vmap and folding(): one kernel call, the loop's numbers
+from torch.func import functional_call, stack_module_state, vmap
+from mixzoo.models.common import RMSNorm
+from mixzoo.train.vmapfold import folding
+calls = []
+fwd = rmsnorm_triton.forward
+rmsnorm_triton.forward = lambda x, *a, **k: calls.append(list(x.shape)) or fwd(x, *a, **k)
+torch.manual_seed(0)
+ms = [RMSNorm(12) for _ in range(3)]
+for m in ms:
+    torch.nn.init.normal_(m.weight, 1.0, 0.2)
+params, bufs = stack_module_state(ms)
+x, r = torch.randn(3, 2, 5, 12, requires_grad=True), torch.randn(3, 2, 5, 12).bfloat16().requires_grad_()
+with folding():
+    s, y = vmap(lambda p, b, x, r: functional_call(ms[0], (p, b), (x,), dict(residual=r)))(params, bufs, x, r)
+got = torch.autograd.grad(y.square().sum() + s.sin().sum(), (x, r, params["weight"]))
+ncalls = list(calls)
+refs = [m(x[k], residual=r[k]) for k, m in enumerate(ms)]
+ref_s, ref_y = torch.stack([a for a, _ in refs]), torch.stack([b for _, b in refs])
+want = torch.autograd.grad(ref_y.square().sum() + ref_s.sin().sum(), (x, r, *[m.weight for m in ms]))
+want = (*want[:2], torch.stack(want[2:]))
+out["stacked"] = dict(calls=ncalls, out=[float((y - ref_y).abs().max()), float((s - ref_s).abs().max())],
+                      grads=[float((a.float() - b.float()).abs().max()) for a, b in zip(got, want)])
+print("RESULT", json.dumps(out))
+"""
+
+
+def test_residual_add_and_norm_in_one_kernel():
+    """``add_rms_norm``: s = x + r exactly as PyTorch's add (float32 x, float32 or bf16 r), the norm of s in float32
+    or bf16, backward with and without a gradient of s from elsewhere; against float64 beside the PyTorch form;
+    stacked models' norms with their residuals one call under vmap, the loop's numbers."""
+    r = _run(ADD)
+    assert r.pop("usable") is True
+    st = r.pop("stacked")
+    assert st["calls"] == [[3, 10, 12]], st                           # 3 models x 2 x 5 rows, one call
+    assert max(st["out"]) < 1e-5 and max(st["grads"]) < 1e-3, st
+    for case, res in r.items():
+        k, t = res["kernel"], res["torch"]
+        assert k["dtypes"] == t["dtypes"], (case, res)
+        assert k["s_equal"] and t["s_equal"], (case, res)
+        for q in ("s", "y", "dx", "dr", "dw"):
+            assert k[q] <= max(1.01 * t[q], 1e-6), (case, q, res)
+
+
 def _run(script: str, env: dict | None = None) -> dict:
     return run_interpreted(script, env, drop=("MIXZOO_RMSNORM", "MIXZOO_SWIGLU", "MIXZOO_ROPE", "MIXZOO_CONV",
                                               "MIXZOO_SSD", "MIXZOO_EAGER_KERNELS"))

@@ -13,7 +13,14 @@ forward and three float32 activations backward.
 ``rms_norm`` runs the kernels for a CUDA tensor (or under Triton's interpreter, ``TRITON_INTERPRET=1``,
 as the CPU tests run them) once they have matched ``rms_norm_torch`` on that device (``usable``);
 ``runs_on(x)`` says whether they will, so that a caller can keep its own PyTorch form otherwise (the
-model's norms do: on the CPU their numbers are unchanged). ``MIXZOO_RMSNORM=torch`` turns the kernels
+model's norms do: on the CPU their numbers are unchanged).
+
+``add_rms_norm(x, r, w, eps)`` is a residual add followed by the norm, s = x + r and the norm of s, as one kernel
+each way (the pre-norm blocks' add of a mixer's or MLP's output and the next norm): the add's own pass forward
+and the sum of s's two gradients backward (the norm's and the residual stream's) are no separate passes over
+the activations, and the norm may be written directly in the dtype its consumer casts it to (``out_dtype``).
+The numbers are those of ``x + r`` then ``rms_norm``: s rounded to x's dtype as the add rounds it, the two
+gradients summed in float32 as autograd sums them. ``MIXZOO_RMSNORM=torch`` turns the kernels
 off, and so does ``torch.compile`` (it fuses the PyTorch form itself). Imports nothing of mixzoo.
 """
 from __future__ import annotations
@@ -69,6 +76,67 @@ class _Grouped(torch.autograd.Function):
         return dx, dw.to(w.dtype), None, dz
 
 
+class _AddGrouped(torch.autograd.Function):
+    """x (G, R, D), r like x, w (G, D) -> s = x + r (x's dtype), y = the norm of s (out_dtype), both (G, R, D)."""
+
+    @staticmethod
+    def forward(ctx, x, r, w, eps, out_dtype):
+        from . import RAN, rmsnorm_triton
+        RAN.add("rmsnorm")
+        x, r, w = x.contiguous(), r.contiguous(), w.contiguous()
+        y, rstd, s = rmsnorm_triton.forward(x, w, eps, out_dtype, r=r)
+        ctx.save_for_backward(s, w, rstd)
+        ctx.r_dtype = r.dtype
+        return s, y
+
+    @staticmethod
+    def backward(ctx, ds, dy):
+        from . import rmsnorm_triton
+        s, w, rstd = ctx.saved_tensors
+        if dy is None:                        # y unused: s's gradient is x's and r's
+            return ds, (None if ds is None else ds.to(ctx.r_dtype)), None, None, None
+        dx, dw, _, dr = rmsnorm_triton.backward(s, w, rstd, dy.contiguous(), ds=None if ds is None else ds.contiguous(),
+                                                r_dtype=ctx.r_dtype)
+        return dx, dr, dw.to(w.dtype), None, None
+
+
+def add_rms_norm_torch(x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor, eps: float,
+                       out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference: s = x + r, and ``rms_norm_torch`` of s (in out_dtype, default float32)."""
+    s = x + r
+    return s, rms_norm_torch(s, weight, eps).to(out_dtype or torch.float32)
+
+
+def add_rms_norm(x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor, eps: float,
+                 out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (..., D), r like x, weight (D,) -> (s = x + r, the norm of s times weight in out_dtype, default float32):
+    the kernels where ``runs_on(x)`` (one pass each way), else ``add_rms_norm_torch``."""
+    if torch._C._are_functorch_transforms_active() or not runs_on(x) or not runs_on(r):
+        return add_rms_norm_torch(x, r, weight, eps, out_dtype)
+    D = x.shape[-1]
+    s, y = _AddGrouped.apply(x.reshape(1, -1, D), r.expand_as(x).reshape(1, -1, D), weight.reshape(1, D), eps,
+                             out_dtype or torch.float32)
+    return s.view(x.shape), y.view(x.shape)
+
+
+def _add_fold(K: int, in_dims: tuple, x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor, eps: float,
+              out_dtype: torch.dtype | None = None):
+    """vmap over K models (``mixzoo.train.vmapfold``): their rows as K groups, their weights as K rows."""
+    def front(t, d):
+        return t.movedim(d, 0) if d is not None else t.unsqueeze(0).expand(K, *t.shape)
+    x, r, w = front(x, in_dims[0]), front(r, in_dims[1]), front(weight, in_dims[2])
+    if not runs_on(x) or not runs_on(r):
+        s = x + r
+        return (s, _torch_grouped(s, w, eps).to(out_dtype or torch.float32)), (0, 0)
+    D = x.shape[-1]
+    s, y = _AddGrouped.apply(x.reshape(K, -1, D), r.expand_as(x).reshape(K, -1, D), w.reshape(K, D), eps,
+                             out_dtype or torch.float32)
+    return (s.view(x.shape), y.view(x.shape)), (0, 0)
+
+
+add_rms_norm.__mixzoo_fold__ = _add_fold
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, gate: torch.Tensor | None = None) -> torch.Tensor:
     """x (..., D), weight (D,), optional gate like x -> float32 (..., D): the kernels where ``runs_on(x)``,
     else ``rms_norm_torch`` (so also under vmap when the call is not folded)."""
@@ -106,7 +174,8 @@ rms_norm.__mixzoo_fold__ = _fold
 def usable(device_index: int = 0) -> bool:
     """Whether the kernels give ``rms_norm_torch``'s output and gradients on this device (-1: the
     interpreter), checked once (``_check.DeviceCheck``): float32 and bf16 inputs, two groups, partial
-    row blocks, widths 8, 128 and 173, without and with a gate."""
+    row blocks, widths 8, 128 and 173, without and with a gate; and ``add_rms_norm``'s (a float32 x and a
+    float32 or bf16 r, with and without a gradient of s from elsewhere, the norm in float32 and bf16)."""
     return _USABLE(device_index)
 
 
@@ -131,6 +200,26 @@ def _matches_here(device_index: int) -> bool:
                 got = [y, dx, dw] + ([dz] if gated else [])
                 if not all(matches(a, b, tol) for a, b in zip(got, [want.detach(), *wants])):
                     return False
+    for rdt, out_dt, with_ds in ((torch.float32, torch.float32, True), (torch.bfloat16, torch.bfloat16, True),
+                                 (torch.bfloat16, torch.float32, False)):
+        D = 173
+        x = (torch.randn(2, 37, D, generator=gen) * 3).to(dev)
+        r = (torch.randn(2, 37, D, generator=gen) * 2).to(rdt).to(dev)
+        w = (1 + 0.3 * torch.randn(2, D, generator=gen)).to(dev)
+        dy = torch.randn(2, 37, D, generator=gen).to(out_dt).to(dev)
+        ds = torch.randn(2, 37, D, generator=gen).to(dev) if with_ds else None
+        ins = [t.double().requires_grad_() for t in (x, r, w)]
+        s_ = ins[0] + ins[1]
+        want = torch.stack([rms_norm_torch(s_[g], ins[2][g], 1e-6) for g in range(2)])
+        outs, gouts = (s_, want), ((ds.double() if with_ds else torch.zeros_like(s_)), dy.double())
+        wants = torch.autograd.grad(outs, ins, gouts)
+        y, rstd, s = rmsnorm_triton.forward(x.contiguous(), w, 1e-6, out_dt, r=r.contiguous())
+        dx, dw, _, dr = rmsnorm_triton.backward(s, w, rstd, dy, ds=ds, r_dtype=rdt)
+        tol = 1e-5 if rdt == out_dt == torch.float32 else 1e-2
+        got = [s, y, dx, dr, dw]
+        if dr.dtype != rdt or y.dtype != out_dt or not all(
+                matches(a, b, tol) for a, b in zip(got, [s_.detach(), want.detach(), wants[0], wants[1], wants[2]])):
+            return False
     return True
 
 

@@ -4,7 +4,10 @@ Layout: x (G, R, D) contiguous, one weight row per group w (G, D); a program tak
 group, the whole row of D (padded to a power of two) in registers. Backward: dx per row, and per
 program the partial sums of dy x̂ over its rows, summed per group by the caller. With ``GATE`` the
 norm is of x silu(z) (Mamba-2's gated norm), z like x: the product is formed in registers, forward and
-backward, never written."""
+backward, never written. With ``RES`` the norm is of s = x + r (a residual add before a pre-norm), s written
+in x's dtype and normed as written; backward, the gradient s gets from elsewhere (``ds``) is added to the
+norm's, and that sum is the gradient of x and of r (in r's dtype), so the add's forward and the sum of the
+two gradients are no separate passes over the activations."""
 from __future__ import annotations
 
 import torch
@@ -13,7 +16,8 @@ import triton.language as tl
 
 
 @triton.jit
-def _fwd_kernel(x, z, w, y, rstd, R, D, NB, eps, BR: tl.constexpr, BD: tl.constexpr, GATE: tl.constexpr):
+def _fwd_kernel(x, z, w, y, rstd, res, s, R, D, NB, eps, BR: tl.constexpr, BD: tl.constexpr, GATE: tl.constexpr,
+                RES: tl.constexpr):
     g, rb = tl.program_id(0), tl.program_id(1)
     rows = rb * BR + tl.arange(0, BR)
     cols = tl.arange(0, BD)
@@ -21,6 +25,10 @@ def _fwd_kernel(x, z, w, y, rstd, R, D, NB, eps, BR: tl.constexpr, BD: tl.conste
     m = mr[:, None] & mc[None, :]
     off = (g * R + rows).to(tl.int64)[:, None] * D + cols[None, :]
     xv = tl.load(x + off, mask=m, other=0.).to(tl.float32)
+    if RES:         # s = x + r in float32, rounded to s's dtype (x's) as PyTorch's add rounds it; normed as stored
+        sv = (xv + tl.load(res + off, mask=m, other=0.).to(tl.float32)).to(s.dtype.element_ty)
+        tl.store(s + off, sv, mask=m)
+        xv = sv.to(tl.float32)
     if GATE:
         zv = tl.load(z + off, mask=m, other=0.).to(tl.float32)
         xv = xv * zv * tl.sigmoid(zv)
@@ -31,7 +39,8 @@ def _fwd_kernel(x, z, w, y, rstd, R, D, NB, eps, BR: tl.constexpr, BD: tl.conste
 
 
 @triton.jit
-def _bwd_kernel(x, z, w, rstd, dy, dx, dz, dwp, R, D, NB, BR: tl.constexpr, BD: tl.constexpr, GATE: tl.constexpr):
+def _bwd_kernel(x, z, w, rstd, dy, dx, dz, dwp, ds, dr, R, D, NB, BR: tl.constexpr, BD: tl.constexpr,
+                GATE: tl.constexpr, HAS_DS: tl.constexpr, RES: tl.constexpr):
     g, rb = tl.program_id(0), tl.program_id(1)
     rows = rb * BR + tl.arange(0, BR)
     cols = tl.arange(0, BD)
@@ -54,7 +63,11 @@ def _bwd_kernel(x, z, w, rstd, dy, dx, dz, dwp, R, D, NB, BR: tl.constexpr, BD: 
     if GATE:        # a = x silu(z): da/dx = silu(z), da/dz = x sigmoid(z) (1 + z (1 - sigmoid(z)))
         tl.store(dz + off, (da * xv * sg * (1. + zv * (1. - sg))).to(dz.dtype.element_ty), mask=m)
         da = da * zv * sg
+    if HAS_DS:      # the gradient x (s) gets from its other uses
+        da += tl.load(ds + off, mask=m, other=0.).to(tl.float32)
     tl.store(dx + off, da.to(dx.dtype.element_ty), mask=m)
+    if RES:         # s = x + r: r's gradient is x's, in r's dtype
+        tl.store(dr + off, da.to(dr.dtype.element_ty), mask=m)
     tl.store(dwp + ((g * NB + rb) * D + cols).to(tl.int64), tl.sum(gv * xh, axis=0), mask=mc)
 
 
@@ -64,27 +77,36 @@ def _blocks(R: int, D: int) -> tuple[int, int, int]:
     return BR, BD, triton.cdiv(R, BR)
 
 
-def forward(x: torch.Tensor, w: torch.Tensor, eps: float, out_dtype: torch.dtype, z: torch.Tensor | None = None):
+def forward(x: torch.Tensor, w: torch.Tensor, eps: float, out_dtype: torch.dtype, z: torch.Tensor | None = None,
+            r: torch.Tensor | None = None):
     """x (G, R, D) contiguous, w (G, D) contiguous (z like x: the norm of x silu(z)) -> y (G, R, D) in
-    out_dtype, rstd (G, R) float32."""
+    out_dtype, rstd (G, R) float32; with r like x (contiguous, any float dtype) the norm is of s = x + r, and
+    -> y, rstd, s (x's dtype)."""
     G, R, D = x.shape
     y = torch.empty(G, R, D, dtype=out_dtype, device=x.device)
     rstd = torch.empty(G, R, dtype=torch.float32, device=x.device)
+    s = None if r is None else torch.empty_like(x)
     BR, BD, NB = _blocks(R, D)
     if G and R:
-        _fwd_kernel[(G, NB)](x, x if z is None else z, w, y, rstd, R, D, NB, float(eps), BR=BR, BD=BD,
-                             GATE=z is not None)
-    return y, rstd
+        _fwd_kernel[(G, NB)](x, x if z is None else z, w, y, rstd, x if r is None else r, y if s is None else s,
+                             R, D, NB, float(eps), BR=BR, BD=BD, GATE=z is not None, RES=r is not None)
+    return (y, rstd) if r is None else (y, rstd, s)
 
 
-def backward(x: torch.Tensor, w: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor, z: torch.Tensor | None = None):
-    """-> dx (x's shape and dtype), dw (G, D) float32, dz (z's dtype; None without z)."""
+def backward(x: torch.Tensor, w: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor, z: torch.Tensor | None = None,
+             ds: torch.Tensor | None = None, r_dtype: torch.dtype | None = None):
+    """-> dx (x's shape and dtype), dw (G, D) float32, dz (z's dtype; None without z). With ``ds`` (like x,
+    contiguous) dx adds it (the gradient x got from its other uses). With ``r_dtype`` (the residual form, x then
+    being s = x + r) also -> dr, the same gradient in r_dtype."""
     G, R, D = x.shape
     BR, BD, NB = _blocks(R, D)
     dx = torch.empty_like(x)
     dz = None if z is None else torch.empty_like(z)
+    dr = None if r_dtype is None else torch.empty(G, R, D, dtype=r_dtype, device=x.device)
     dwp = torch.empty(G, NB, D, dtype=torch.float32, device=x.device)
     if G and R:
-        _bwd_kernel[(G, NB)](x, x if z is None else z, w, rstd, dy, dx, dx if z is None else dz, dwp, R, D, NB,
-                             BR=BR, BD=BD, GATE=z is not None)
-    return dx, dwp.sum(1), dz
+        _bwd_kernel[(G, NB)](x, x if z is None else z, w, rstd, dy, dx, dx if z is None else dz, dwp,
+                             dx if ds is None else ds, dx if dr is None else dr, R, D, NB, BR=BR, BD=BD,
+                             GATE=z is not None, HAS_DS=ds is not None, RES=dr is not None)
+    out = dx, dwp.sum(1), dz
+    return out if r_dtype is None else (*out, dr)

@@ -86,7 +86,23 @@ class MLP(nn.Module):
         return self.fc2(F.gelu(self.fc1(x)))
 
 
+def _add_norm(norm: nn.Module, x: torch.Tensor, r: torch.Tensor | None, out_dtype: torch.dtype | None = None):
+    """(x + r, norm(x + r)); (x, norm(x)) without r. An RMSNorm adds and norms in one kernel each way where
+    mixzoo's kernels run (``RMSNorm(residual=...)``); ``out_dtype`` casts the norm for a consumer that would."""
+    if r is None:
+        return x, norm(x)
+    if isinstance(norm, RMSNorm):
+        return norm(x, residual=r, out_dtype=out_dtype)
+    s = x + r
+    return s, norm(s)
+
+
 class Block(nn.Module):
+    """Pre-norm: x + mixer(norm1(x)), then x + mlp(norm2(x)). ``forward(x, r)`` takes the residual stream x and
+    the previous block's last branch output r not yet added, and returns its own (x, r) the same way, so that
+    each residual add is made by the norm after it (``_add_norm``: one kernel with an RMSNorm); ``Trunk`` adds
+    the last r in its final norm. The sums are the same."""
+
     def __init__(self, cfg: ModelConfig, mixer: nn.Module):
         super().__init__()
         self.norm1 = _norm(cfg.norm, cfg.d_model)
@@ -94,11 +110,16 @@ class Block(nn.Module):
         self.mlp = MLP(cfg.d_model, cfg.mlp, cfg.mlp_mult) if cfg.mlp != "none" else None
         self.norm2 = _norm(cfg.norm, cfg.d_model) if self.mlp is not None else None
 
-    def forward(self, x):
-        x = x + self.mixer(self.norm1(x))
+    def forward(self, x, r=None):
+        x, h = _add_norm(self.norm1, x, r)
+        r = self.mixer(h)
         if self.mlp is not None:
-            x = x + self.mlp(self.norm2(x))
-        return x
+            # the MLP's first op is a Linear, which under autocast casts its input: the norm is written cast
+            kind = x.device.type
+            x, h = _add_norm(self.norm2, x, r, torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind)
+                             else None)
+            r = self.mlp(h)
+        return x, r
 
 
 MixerFactory = Callable[[int], nn.Module]   # layer_idx -> mixer
@@ -117,9 +138,10 @@ class Trunk(nn.Module):
     def forward(self, x):
         if self.conv is not None:
             x = x + self.conv(self.conv_norm(x))
+        r = None
         for b in self.blocks:
-            x = b(x)
-        return self.norm(x)
+            x, r = b(x, r)
+        return _add_norm(self.norm, x, r)[1]
 
     def mixers(self) -> list[nn.Module]:
         return [b.mixer for b in self.blocks]

@@ -1,6 +1,8 @@
 """Pieces mechanisms share: head splitting, rotary embeddings, short convolutions, norms."""
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -20,6 +22,17 @@ def fused_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
         return None
     op = _fla._op("mixzoo.kernels.rmsnorm", "rms_norm")                   # folded when stacking
     return op(x, weight, eps) if gate is None else op(x, weight, eps, gate)
+
+
+def fused_add_rms_norm(x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor, eps: float,
+                       out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(s = x + r, the norm of s times ``weight`` in out_dtype, default float32) by mixzoo's Triton kernels
+    (``mixzoo.kernels.rmsnorm.add_rms_norm``: one pass each way, one weight row per stacked model), or None where
+    they do not run, or where ``MIXZOO_FUSE_ADD=0`` (the add and the norm's kernel separately, to time one against
+    the other)."""
+    if os.environ.get("MIXZOO_FUSE_ADD") == "0" or not _rmsnorm.runs_on(x) or not _rmsnorm.runs_on(r):
+        return None
+    return _fla._op("mixzoo.kernels.rmsnorm", "add_rms_norm")(x, r, weight, eps, out_dtype)   # folded when stacking
 
 
 def split_heads(x: torch.Tensor, h: int) -> torch.Tensor:
@@ -83,8 +96,18 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(d)) if affine else None
 
-    def forward(self, x: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
-        """The norm of x, or of x silu(gate) (float32) with a gate (Mamba-2's gated norm)."""
+    def forward(self, x: torch.Tensor, gate: torch.Tensor | None = None, residual: torch.Tensor | None = None,
+                out_dtype: torch.dtype | None = None):
+        """The norm of x, or of x silu(gate) (float32) with a gate (Mamba-2's gated norm). With ``residual`` r:
+        (s = x + r, the norm of s), in one kernel each way where mixzoo's kernels run (``fused_add_rms_norm``);
+        ``out_dtype`` then casts the norm (exactly what a consumer that casts it would see)."""
+        if residual is not None:
+            if gate is None and self.weight is not None and (
+                    sy := fused_add_rms_norm(x, residual, self.weight, self.eps, out_dtype)) is not None:
+                return sy
+            s = x + residual
+            y = self(s, gate)
+            return s, (y if out_dtype is None else y.to(out_dtype))
         if self.weight is not None and (y := fused_rms_norm(x, self.weight, self.eps, gate)) is not None:
             return y
         if gate is not None:

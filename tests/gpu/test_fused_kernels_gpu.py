@@ -455,3 +455,63 @@ def test_ssd_bf16_products_side_by_side():
           + "; ".join(f"{k} {v:.3f}" for k, v in times.items()))
     assert max(max(e) for e in errs["ieee"]) < 1e-5, errs
     assert max(max(e) for e in errs["bf16"]) < 2e-2, errs
+
+
+def test_residual_add_and_norm_match_and_are_timed(monkeypatch):
+    """``add_rms_norm`` (a block's residual add and the next norm in one kernel each way) at MAD's shape against
+    float64 beside the PyTorch form, and a whole pre-norm step of it (float32 stream, bf16 branch output, its
+    gradient from the stream and from the norm) timed against the add then the norm's kernel
+    (``MIXZOO_FUSE_ADD=0``), one model and 6 stacked."""
+    import torch.nn.functional as F
+    from torch.func import functional_call, stack_module_state, vmap
+
+    from mixzoo.kernels import rmsnorm as N
+    from mixzoo.models.common import RMSNorm
+    from mixzoo.train.vmapfold import folding
+    assert N.usable(torch.cuda.current_device())
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(128 * 128, 128, device="cuda", generator=g)
+    r = torch.randn(128 * 128, 128, device="cuda", generator=g).bfloat16()
+    w = 1 + 0.3 * torch.randn(128, device="cuda", generator=g)
+    dy, ds = torch.randn(128 * 128, 128, device="cuda", generator=g).bfloat16(), torch.randn_like(x)
+    xr, rr, wr = (t.double().requires_grad_() for t in (x, r, w))
+    sr = xr + rr
+    want = F.rms_norm(sr, (128,), wr, 1e-6)
+    torch.autograd.backward([sr, want], [ds.double(), dy.double()])
+    errs = {}
+    for name, fn in (("kernel", N.add_rms_norm), ("torch", N.add_rms_norm_torch)):
+        xx, rx, ww = (t.clone().requires_grad_() for t in (x, r, w))
+        s, y = fn(xx, rx, ww, 1e-6, torch.bfloat16)
+        assert torch.equal(s, x + r) and y.dtype == torch.bfloat16 and rx.grad is None
+        torch.autograd.backward([s, y], [ds, dy])
+        errs[name] = [_rel(y, want.detach()), _rel(xx.grad, xr.grad), _rel(rx.grad, rr.grad), _rel(ww.grad, wr.grad)]
+    print("\nadd_rms_norm against float64, y / dx / dr / dw: kernel " + " / ".join(f"{e:.1e}" for e in errs["kernel"])
+          + ", PyTorch form " + " / ".join(f"{e:.1e}" for e in errs["torch"]))
+    for a, b in zip(errs["kernel"], errs["torch"]):
+        assert a <= max(1.01 * b, 1e-6)
+    n = RMSNorm(128).cuda()
+    xs = torch.randn(128, 128, 128, device="cuda", requires_grad=True)
+    rs = torch.randn(128, 128, 128, device="cuda").bfloat16().requires_grad_()
+    ms = [RMSNorm(128).cuda() for _ in range(6)]
+    params, bufs = stack_module_state(ms)
+    xk = torch.randn(6, 128, 128, 128, device="cuda", requires_grad=True)
+    rk = torch.randn(6, 128, 128, 128, device="cuda").bfloat16().requires_grad_()
+
+    def one():
+        s, y = n(xs, residual=rs, out_dtype=torch.bfloat16)
+        (s.sum() + y.float().square().sum()).backward()
+
+    def stacked():
+        with folding():
+            s, y = vmap(lambda p, b, xi, ri: functional_call(ms[0], (p, b), (xi,), dict(
+                residual=ri, out_dtype=torch.bfloat16)))(params, bufs, xk, rk)
+        (s.sum() + y.float().square().sum()).backward()
+    t = {}
+    for env in ("1", "0"):
+        monkeypatch.setenv("MIXZOO_FUSE_ADD", env)
+        label = "fused" if env == "1" else "MIXZOO_FUSE_ADD=0"
+        t[f"one model, {label}"] = _timed(one)
+        t[f"6 stacked, {label}"] = _timed(stacked, rounds=2, iters=10)
+    print("residual add + RMSNorm(128) forward+backward at 128 x 128 tokens (a sum and a square on top), ms: "
+          + "; ".join(f"{k} {v:.3f}" for k, v in t.items()))
+    assert t["6 stacked, fused"] <= 1.05 * t["6 stacked, MIXZOO_FUSE_ADD=0"]
