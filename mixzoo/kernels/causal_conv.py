@@ -1,6 +1,10 @@
 """The short causal depthwise convolution of gdn, Mamba, MesaNet, Hyena and the based recipe,
-y_t = b + sum_j w_j x_{t-W+1+j} per channel (optionally SiLU of it), as Triton kernels: one forward,
-two backward (SiLU's derivative with the weight's and bias's gradients, then the input's).
+y_t = b + sum_j w_j x_{t-W+1+j} per channel (optionally SiLU of it), as Triton kernels (causal_conv_triton), each
+way two paths: the forward one row of positions at a time, each row of x loaded once and the window carried
+(``MIXZOO_CONV_FWD=seq``, the default) or in (positions, channels) tiles (``tiles``); the backward in one pass a
+row at a time backwards in time, dx written directly (``MIXZOO_CONV_BWD=seq``, the default) or in two (SiLU's
+derivative dz with the weight's and bias's gradients, then the input's from dz: ``two-pass``). Widths over 4 take
+the tiles and the two passes. The paths are timed on the H200 in benchmarks/conv_tiles.py.
 
 PyTorch runs it as a transposed copy, a padded ``conv1d`` whose output is sliced and transposed back,
 and SiLU, and backward as their gradients, the weight's through a slow depthwise kernel: under
@@ -104,9 +108,10 @@ causal_conv.__mixzoo_fold__ = _fold
 
 def usable(device_index: int = 0) -> bool:
     """Whether the kernels give ``causal_conv_torch``'s output and gradients on this device (-1: the
-    interpreter), checked once (``_check.DeviceCheck``): float32 and bf16, with and without bias and
-    SiLU, lengths that are not multiples of the kernels' blocks (45, and 301: three spans of positions), widths
-    4 and 3, one model's weight and three models' (two sequences each)."""
+    interpreter), checked once (``_check.DeviceCheck``): both forwards and both backwards (whichever the switches
+    pick), float32 and bf16, with and without bias and SiLU, lengths that are not multiples of the kernels' blocks
+    (45, and 301: three spans of positions), widths 4 and 3, one model's weight and three models' (two sequences
+    each)."""
     return _USABLE(device_index)
 
 
@@ -130,10 +135,12 @@ def _matches_here(device_index: int) -> bool:
             bs = ins[2].view(M, 70) if has_bias else None
             want = torch.cat([causal_conv_torch(xs[m], ws[m], bs[m] if has_bias else None, silu) for m in range(M)])
             wants = torch.autograd.grad(want, ins, dy.double())
-            got = K.forward(x.contiguous(), w, b, silu, torch.float32)
-            gots = K.backward(x.contiguous(), w, b, silu, dy)
-            if not all(matches(a, ref, tol) for a, ref in [(got, want.detach()), *zip(gots, wants)]):
-                return False
+            # every path either switch (MIXZOO_CONV_FWD, MIXZOO_CONV_BWD) may take, not only the default
+            for fwd, bwd in ((K.forward_seq, K.backward_seq), (K.forward_tiles, K.backward_two_pass)):
+                got = fwd(x.contiguous(), w, b, silu, torch.float32)
+                gots = bwd(x.contiguous(), w, b, silu, dy)
+                if not all(matches(a, ref, tol) for a, ref in [(got, want.detach()), *zip(gots, wants)]):
+                    return False
     return True
 
 
