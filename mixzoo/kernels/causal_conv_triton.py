@@ -190,7 +190,7 @@ def _seq_setup(w, bias, T, C, BM, W: tl.constexpr, HAS_BIAS: tl.constexpr, BC: t
 @triton.jit
 def _conv_row(bv, x0, x1, x2, x3, u0, u1, u2, u3, W: tl.constexpr):
     """bias + sum_j w_j x[t - (W - 1) + j] from the window by lag (x_k = x[t - k]), summed in _fwd_kernel's order
-    (j ascending: the oldest row first)."""
+    (j ascending: the oldest row first). The backward's dx is the same sum over the carried dz (x_k = dz[t + k])."""
     z = bv
     if W > 3:
         z += x3 * u3
@@ -296,14 +296,8 @@ def _bwd_seq_kernel(x, w, bias, dy, dx, dwp, dbp, T, C, BM, W: tl.constexpr, HAS
         if SILU:
             s = tl.sigmoid(z)
             g = g * (s + z * s * (1. - s))
-        acc = tl.zeros([BC], tl.float32)                      # _dx_kernel's order: j ascending (dz[t + W - 1] first)
-        if W > 3:
-            acc += g3 * u3
-        if W > 2:
-            acc += g2 * u2
-        if W > 1:
-            acc += g1 * u1
-        acc += g * u0
+        # _dx_kernel's order: j ascending (dz[t + W - 1] first), the forward's sum over the carried dz
+        acc = _conv_row(tl.zeros([BC], tl.float32), g, g1, g2, g3, u0, u1, u2, u3, W)
         own = t < t_end                                       # the span's own row (not the halo)
         tl.store(dx + t.to(tl.int64) * C + c, acc.to(dx.dtype.element_ty), mask=mc & own)
         gs = tl.where(own, g, 0.)
