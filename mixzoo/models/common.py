@@ -106,7 +106,7 @@ class RMSNorm(nn.Module):
                     sy := fused_add_rms_norm(x, residual, self.weight, self.eps, out_dtype)) is not None:
                 return sy
             s = x + residual
-            y = self(s, gate)
+            y = self.forward(s, gate)          # not self(...): the module's hooks see this call once
             return s, (y if out_dtype is None else y.to(out_dtype))
         if self.weight is not None and (y := fused_rms_norm(x, self.weight, self.eps, gate)) is not None:
             return y
