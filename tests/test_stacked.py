@@ -188,6 +188,117 @@ def test_one_run_stopping_leaves_the_others_alone():
     assert _close(alone.test["loss"], res[2].test["loss"])
 
 
+class _Pruned(Exception):
+    pass
+
+
+def _stop_at(step: int):
+    """A stacked run's on_eval that stops it (as an Optuna prune does) at its validation of ``step``."""
+    def hook(s, val):
+        if s >= step:
+            raise _Pruned(s)
+    return hook
+
+
+def _stop_after(step: int):
+    """The same stop for a separate run (loop.train raises what on_eval raises): a Lightning callback
+    that ends training after the validation of ``step``, as early stop does."""
+    import lightning.pytorch as pl
+
+    class Stop(pl.Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            if trainer.global_step >= step:
+                trainer.should_stop = True      # read after mixzoo's Evaluator has validated this step
+    return Stop()
+
+
+def _same_run(a, b, rel: float, lr: float | None) -> None:
+    """Two RunResults of one run: steps, validations, losses within ``rel``, final weights (with ``lr``)
+    within the module docstring's tolerance."""
+    assert a.state == b.state == "COMPLETE" and a.steps == b.steps and a.best_step == b.best_step
+    assert [h["step"] for h in a.history] == [h["step"] for h in b.history]
+    for x, y in zip(a.history, b.history):
+        assert _close(x["train_loss"], y["train_loss"], rel) and _close(x["loss"], y["loss"], rel), (x, y)
+    for name in ("loss", "accuracy"):
+        assert _close(a.val[name], b.val[name], rel) and _close(a.test[name], b.test[name], rel)
+    if lr is not None:
+        sa, sb = a.final_state_dict, b.final_state_dict
+        assert sa.keys() == sb.keys()
+        for k, p in sa.items():
+            d = p - sb[k]
+            assert float(d.norm()) <= 2e-4 * float(p.norm()) + 1e-12, k
+            assert float(d.abs().max()) <= 1e-2 * lr, k
+
+
+# 4 runs, 3 validations: runs 1 and 3 (seed 1) stop at step 4, run 0 at step 8, run 2 trains to the end
+# (alone: a stack of one, with seed 1's training set dropped at the first compaction)
+COMPACT = {**BASE, "steps": 12, "n_train": 48}
+HP4, SEEDS4, STOPS4 = HP + ((2e-3, 0.05),), (0, 1, 0, 1), (8, 4, None, 4)
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_stopped_runs_are_compacted_out_of_the_stack(optimizer, monkeypatch):
+    """Runs that stop leave the stack at that validation (``MIXZOO_STACK_COMPACT``, on by default):
+    the later steps run the survivors only (K 4 -> 2 -> 1, said in the log), and every run's result
+    is the one it gets with the stopped runs frozen in the stack (``MIXZOO_STACK_COMPACT=0``, exactly
+    for the runs stopped before any compaction) and trained alone (``loop.train``, stopped at the
+    same validation)."""
+    from mixzoo.train import stacked
+    monkeypatch.setattr(stacked, "REBUILD_STEPS", {False: 0, True: 0})       # compact at every stop
+    ks, logs = [], []
+    step = stacked.Stack.step
+
+    def spy(self):
+        ks.append(self.sm.K)
+        step(self)
+    monkeypatch.setattr(stacked.Stack, "step", spy)
+    cfgs = [TrainConfig(lr=lr, weight_decay=wd, optimizer=optimizer, **COMPACT) for lr, wd in HP4]
+
+    def stacked_run(switch: str):
+        monkeypatch.setenv("MIXZOO_STACK_COMPACT", switch)
+        ks.clear()
+        logs.clear()
+        res = train_stacked(TASK, "softmax", {}, MCFG, cfgs, SEEDS4, device="cpu", log=logs.append,
+                            keep_weights=True, on_eval=[None if s is None else _stop_at(s) for s in STOPS4])
+        return res, list(ks), [m for m in logs if "compacted" in m]
+    compacted, k_on, said = stacked_run("1")
+    assert k_on == [4] * 4 + [2] * 4 + [1] * 4
+    assert said == ["stacked: compacted 4 -> 2 at step 4", "stacked: compacted 2 -> 1 at step 8"]
+    frozen, k_off, said_off = stacked_run("0")
+    assert k_off == [4] * 12 and said_off == []
+    rel = 1e-5 if optimizer == "adamw" else 1e-4          # as the stacked-vs-separate tests above
+    for q, f, stop, (lr, _) in zip(compacted, frozen, STOPS4, HP4):
+        assert q.step_mode == f.step_mode == "stacked"
+        assert q.steps == (stop or COMPACT["steps"]) and len(q.history) == q.steps // COMPACT["eval_every"]
+        assert (q.hook_error is None) == (f.hook_error is None) == (stop is None)
+        _same_run(q, f, 1e-5, lr)
+        if stop == 4:                   # stopped before any compaction: the same computation throughout
+            assert [{k: v for k, v in h.items() if k not in ("steps_per_s", "train_time_s")} for h in q.history] \
+                == [{k: v for k, v in h.items() if k not in ("steps_per_s", "train_time_s")} for h in f.history]
+            assert q.test == f.test and q.val == f.val
+            assert all(torch.equal(v, f.final_state_dict[k]) for k, v in q.final_state_dict.items())
+    for c, s, stop, q, (lr, _) in zip(cfgs, SEEDS4, STOPS4, compacted, HP4):
+        g = _grab()
+        alone = train(TASK, "softmax", {}, MCFG, c, seed=s, device="cpu",
+                      callbacks=[g] if stop is None else [_stop_after(stop), g])
+        alone.final_state_dict = g.sd
+        _same_run(alone, q, rel, lr if optimizer == "adamw" else None)     # Muon: the losses, as above
+
+
+def test_when_a_stack_is_compacted():
+    """A rebuild when the steps it saves (the stopped share of the steps left) outweigh its cost;
+    never for no stop, nor once all have stopped."""
+    from mixzoo.train.stacked import REBUILD_STEPS, worth_compacting
+    assert REBUILD_STEPS == {False: 2, True: 50}
+    assert worth_compacting(3, 2, 6, False) and not worth_compacting(3, 2, 5, False)
+    # MAD's sweep (2000 steps, validation every 250), K = 6 graphed: one stop until step 1500, two at 1750
+    assert worth_compacting(6, 5, 500, True) and not worth_compacting(6, 5, 250, True)
+    assert worth_compacting(6, 4, 250, True)
+    assert worth_compacting(16, 15, 1000, True) and not worth_compacting(16, 13, 250, True)
+    assert worth_compacting(16, 12, 250, True)
+    assert not worth_compacting(4, 4, 1000, False) and not worth_compacting(4, 0, 1000, False)
+
+
 def test_an_interrupt_from_one_run_s_on_eval_stops_them_all():
     """Ctrl-C or SIGTERM raised in run 1's on_eval (a signal landing in a journal append there) is
     not run 1's own stop: it reaches the caller, who gives every run of the batch back."""

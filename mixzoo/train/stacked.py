@@ -24,9 +24,16 @@ seed, same initialization, same training set and batch order), then trained toge
   iteration of batched matmuls per matrix for all K), and that AdamW on the rest of the buffer.
 
 Each model's validation, best weights, early stop, divergence and test score are its own, with the
-same code as ``loop.train`` (``steploop.Book``); a model that stops (early stop, non-finite loss) is
-frozen (learning rate 0: its weights do not move) while the others go on. Results match training
-each model alone up to floating-point reordering (tests/test_stacked.py).
+same code as ``loop.train`` (``steploop.Book``). A model that stops (early stop, non-finite loss, its
+``on_eval`` raising, e.g. a pruned trial) is frozen (learning rate 0: its weights do not move) while
+the others go on, and the stack is compacted at that validation: rebuilt with the models still
+training only (``Stack.take``: their weights, optimizer state, step counter and schedule position,
+rates, batch orders and training sets, copied; graphed, a new capture after a few eager steps, the old
+graph released), the stopped models' weights kept aside for their results, so that later steps compute
+the survivors only (the last one goes on as a stack of one). It is rebuilt where the steps saved
+outweigh a rebuild's cost (``worth_compacting``), says so in the log ("stacked: compacted 6 -> 4 at
+step 500"), and ``MIXZOO_STACK_COMPACT=0`` turns it off (stopped models stay in the stack, frozen).
+Results match training each model alone up to floating-point reordering (tests/test_stacked.py).
 
 Not supported (``train_stacked`` raises UsageError): ``compile``, configurations differing in
 anything but seed, lr and weight_decay. Where the stacked step cannot run (a mechanism that does not
@@ -36,6 +43,8 @@ says why (``result.step_mode_reason``).
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -76,28 +85,42 @@ class StackedModel:
         self.names = [n for n, _ in train]
         self.n_decay = sum(p.numel() for _, p in train if p.dim() >= 2)
         self.n_first = sum(p.numel() for n, p in train if n in first)
-        self.first_views, off = [], 0
+        self.layout, off = [], 0                    # (name, offset, shape) of each trainable parameter
         for n, p in train:
-            if n in first:
-                self.first_views.append((n, off, tuple(p.shape)))
+            self.layout.append((n, off, tuple(p.shape)))
             off += p.numel()
-        N = sum(p.numel() for _, p in train)
+        self.first_views = [v for v in self.layout if v[0] in first]
         dev = named[0][1].device
-        self.flat = torch.empty(K, N, device=dev, dtype=torch.float32)
-        self.params: dict[str, torch.Tensor] = {}
-        off = 0
         with torch.no_grad():
-            for n, p in train:
-                view = self.flat[:, off:off + p.numel()].view(K, *p.shape)
-                view.copy_(torch.stack([m[n].detach() for m in by_model]))
-                self.params[n] = view.requires_grad_()
-                off += p.numel()
-            for n, p in named:
-                if not p.requires_grad:
-                    self.params[n] = torch.stack([m[n].detach() for m in by_model])
+            flat = torch.cat([torch.stack([m[n].detach() for m in by_model]).reshape(K, -1) for n, _ in train],
+                             dim=1) if train else torch.empty(K, 0, device=dev)
+            fixed = {n: torch.stack([m[n].detach() for m in by_model]) for n, p in named if not p.requires_grad}
             bufs = [dict(m.named_buffers()) for m in models]
-            self.buffers = {n: torch.stack([b[n] for b in bufs]) for n in bufs[0]}
+            buffers = {n: torch.stack([b[n] for b in bufs]) for n in bufs[0]}
+            self._bind(flat, fixed, buffers)
+
+    def _bind(self, flat: torch.Tensor, fixed: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]) -> None:
+        """Set the weights: ``flat`` (K, N), its trainable views, the untrained parameters and buffers."""
+        self.K = K = flat.shape[0]
+        self.flat = flat
+        self.params = {n: flat[:, off:off + math.prod(shape)].view(K, *shape).requires_grad_()
+                       for n, off, shape in self.layout}
+        self.params.update(fixed)
+        self.buffers = buffers
         self.leaves = [self.params[n] for n in self.names]
+
+    @torch.no_grad()
+    def take(self, rows: Sequence[int]) -> StackedModel:
+        """Models ``rows`` (positions in this stack) as a stack of their own: copies of their weights
+        and buffers, in the same layout (compaction: ``_run``)."""
+        r = torch.tensor(list(rows), dtype=torch.long, device=self.flat.device)
+        new = object.__new__(StackedModel)
+        new.template, new.names, new.n_decay, new.n_first = self.template, self.names, self.n_decay, self.n_first
+        new.layout, new.first_views = self.layout, self.first_views
+        fixed = {n: p.index_select(0, r) for n, p in self.params.items() if n not in self.names}
+        new._bind(self.flat.detach().index_select(0, r), fixed,
+                  {n: b.index_select(0, r) for n, b in self.buffers.items()})
+        return new
 
     def forward(self, inputs: torch.Tensor, select: torch.Tensor | None = None) -> torch.Tensor:
         """(K, B, ...) inputs (and (K, B, S) positions) -> (K, B, ..., out)."""
@@ -162,6 +185,18 @@ class StackedAdamW:
         self.on[k] = 0.0
 
     @torch.no_grad()
+    def take(self, sm: StackedModel, rows: Sequence[int]) -> StackedAdamW:
+        """This optimizer's state for models ``rows`` over ``sm`` (``StackedModel.take`` of the same
+        rows): their moments, rates and freeze flags, the step counter and the schedule tables."""
+        r = torch.tensor(list(rows), dtype=torch.long, device=self.m.device)
+        new = object.__new__(StackedAdamW)
+        new.__dict__.update(self.__dict__)              # betas, eps, start, the schedule tables
+        new.sm, new.t = sm, self.t.clone()
+        for name in ("m", "v", "lr", "wd", "on"):
+            setattr(new, name, getattr(self, name).index_select(0, r))
+        return new
+
+    @torch.no_grad()
     def step(self, g: torch.Tensor, idx: torch.Tensor) -> None:
         """One update with the flat gradient ``g``, at schedule step ``idx`` (a (1,) long tensor)."""
         s = self.start
@@ -212,6 +247,15 @@ class StackedMuon:
 
     def freeze(self, k: int) -> None:
         self.adamw.freeze(k)
+
+    @torch.no_grad()
+    def take(self, sm: StackedModel, rows: Sequence[int]) -> StackedMuon:
+        """``StackedAdamW.take`` for Muon: the momentum buffers and rates of models ``rows`` too."""
+        r = torch.tensor(list(rows), dtype=torch.long, device=self.buf.device)
+        new = object.__new__(StackedMuon)
+        new.sm, new.mu, new.adamw = sm, self.mu, self.adamw.take(sm, rows)
+        new.buf, new.lr, new.wd = (t.index_select(0, r) for t in (self.buf, self.lr, self.wd))
+        return new
 
     @torch.no_grad()
     def step(self, g: torch.Tensor, idx: torch.Tensor) -> None:
@@ -348,6 +392,28 @@ class Stack:
         self.loss_n = torch.zeros((), device=dev)
         self.amp = autocast(self.precision, dev)
 
+    @torch.no_grad()
+    def take(self, rows: Sequence[int]) -> Stack:
+        """The runs at positions ``rows`` of this stack as a stack of their own (compaction: ``_run``): their
+        weights, optimizer state, batch order, training sets, loss sums and the step counter,
+        copied; this stack is left as it was."""
+        new = object.__new__(Stack)
+        new.__dict__.update(self.__dict__)          # task, cfg, dev, precision, by_seed, amp
+        r = torch.tensor(list(rows), dtype=torch.long, device=self.dev)
+        new.models = [self.models[j] for j in rows]
+        src = self.src.index_select(0, r)
+        used = sorted(set(src.flatten().tolist()))          # the training sets still read
+        u = torch.tensor(used, dtype=torch.long, device=self.dev)
+        new.src = torch.tensor([[used.index(i)] for i in src.flatten().tolist()], device=self.dev)
+        new.inputs, new.targets, new.mask = (t.index_select(0, u) for t in (self.inputs, self.targets, self.mask))
+        new.sel = None if self.sel is None else self.sel.index_select(0, u)
+        new.order = self.order.index_select(0, r)
+        new.sm = self.sm.take(rows)
+        new.opt = self.opt.take(new.sm, rows)
+        new.idx, new.loss_n = self.idx.clone(), self.loss_n.clone()
+        new.loss_sum = self.loss_sum.index_select(0, r)
+        return new
+
     def step(self) -> None:
         src, sm = self.src, self.sm
         rows = self.order.index_select(1, self.idx).squeeze(1)                             # (K, B)
@@ -367,9 +433,37 @@ class Stack:
         self.idx.add_(1)
 
 
+# Compaction (``_run``): when runs of a stack stop, the survivors are rebuilt as a smaller stack, so
+# that later steps compute only them. Each rebuild costs something: a copy of the survivors' state,
+# the first steps at the new batch (fla autotunes its batch-keyed kernels the first time a process
+# sees one) and, graphed, ``graphed.WARMUP`` eager steps and a new capture. It pays back (K - K') / K
+# of a step for every step left, a step's time being about proportional to K (README, "Step modes at
+# MAD's baseline shape": per model, stacked+graphed K = 3 is within 20% of K = 6 for every mechanism).
+# So a stack is rebuilt when that saving over the steps left is at least a rebuild's cost, counted in
+# steps of the current stack (REBUILD_STEPS: estimates, not measurements; eager: the copies and a
+# first step at new shapes; graphed: 3 eager steps of a few replays each, the capture, autotuning).
+# This rather than a fixed fraction (rebuild once a quarter of the stack has stopped) because the
+# steps left matter as much as the fraction: at MAD's sweep shape (2000 steps, validation every 250,
+# K = 6, graphed) one stopped run is worth a rebuild up to step 1500 (1 x 500 >= 6 x 50) and two at
+# step 1750; at K = 16 one stop is worth it up to step 1000, two up to 1500, four at 1750. At most
+# one rebuild a validation; ``MIXZOO_STACK_COMPACT=0`` turns compaction off (stopped runs stay in the
+# stack, frozen, as before).
+REBUILD_STEPS = {False: 2, True: 50}          # by whether the step is captured
+
+
+def compaction_on() -> bool:
+    return os.environ.get("MIXZOO_STACK_COMPACT", "1") != "0"
+
+
+def worth_compacting(k_now: int, k_left: int, steps_left: int, graphed: bool) -> bool:
+    """Whether to rebuild a stack of ``k_now`` runs as one of the ``k_left`` still training, with
+    ``steps_left`` steps to go (the rule above)."""
+    return 0 < k_left < k_now and (k_now - k_left) * steps_left >= k_now * REBUILD_STEPS[graphed]
+
+
 def _run(task, mixer, knobs, model_cfg, cfgs, seeds, dev, hooks, log, data,
          want_graph, keep_weights) -> tuple[list[RunResult], str]:
-    cfg = cfgs[0]
+    cfg, K = cfgs[0], len(cfgs)
     t_start = time.perf_counter()
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     try:
@@ -384,32 +478,67 @@ def _run(task, mixer, knobs, model_cfg, cfgs, seeds, dev, hooks, log, data,
         raise
     except Exception as e:
         raise _Setup() from e
-    sm, opt, by_seed, loss_sum, loss_n, step = st.sm, st.opt, st.by_seed, st.loss_sum, st.loss_n, st.step
+    by_seed, tpl = st.by_seed, st.sm.template
+    compact = compaction_on()
+    pos: list[int | None] = list(range(K))      # run k's row in the current stack; None: compacted away
+    parked: dict[int, StackedModel] = {}        # the runs compacted away: their weights (a stack of one)
+
+    def weights(k: int) -> nn.Module:
+        """The template, holding run k's weights."""
+        return parked[k].load_into(0, tpl) if pos[k] is None else st.sm.load_into(pos[k], tpl)
 
     from .graphed import Stepper
-    stepper = Stepper(step, dev, capture=want_graph, keep_going=True)
+    stepper = Stepper(st.step, dev, capture=want_graph, keep_going=True)
+    base, graph_reason = 0, ""                  # base: the step the current stepper started at
+
+    def capture_failure() -> str:
+        if not stepper.reason or base == 0:
+            return stepper.reason
+        return f"after compacting to {st.sm.K} at step {base}: {stepper.reason} (of the compacted stack)"
     eval_time, done = 0.0, 0
     t0 = time.perf_counter()                    # as loop.train: from the start of training
     with folding():
         try:
             for i in range(cfg.steps):
-                stepper.run(i)
+                stepper.run(i - base)
                 done = i + 1
                 if not (done % cfg.eval_every == 0 or done >= cfg.steps):
                     continue
-                losses = (loss_sum / loss_n.clamp_min(1)).tolist()
+                losses = (st.loss_sum / st.loss_n.clamp_min(1)).tolist()
                 t = time.perf_counter()
-                loss_sum.zero_()
-                loss_n.zero_()
+                st.loss_sum.zero_()
+                st.loss_n.zero_()
                 for k, b in enumerate(books):
                     if b.active:
-                        b.validate(sm.load_into(k, sm.template), by_seed[seeds[k]], done, losses[k],
-                                   t - t0 - eval_time)
+                        b.validate(weights(k), by_seed[seeds[k]], done, losses[pos[k]], t - t0 - eval_time)
                         if not b.active:
-                            opt.freeze(k)
+                            st.opt.freeze(pos[k])
                 eval_time += time.perf_counter() - t
-                if not any(b.active for b in books):
+                live = [k for k, b in enumerate(books) if b.active]
+                if not live:
                     break
+                if not (compact and worth_compacting(st.sm.K, len(live), cfg.steps - done, stepper.capture)):
+                    continue
+                try:        # copies: the current stack is untouched until the new one is whole
+                    new = st.take([pos[k] for k in live])
+                    gone = {k: st.sm.take([j]) for k, j in enumerate(pos) if j is not None and k not in live}
+                except Exception as e:      # e.g. out of memory: the stopped runs stay in the stack, frozen
+                    compact = False
+                    if log:
+                        log(f"stacked: no compaction at step {done}: {failure_reason(e)}")
+                    continue
+                if log:
+                    log(f"stacked: compacted {st.sm.K} -> {new.sm.K} at step {done}")
+                graph_reason = graph_reason or capture_failure()
+                parked.update(gone)
+                capture = stepper.capture
+                # the old stack, stepper and graph go (their memory with them); a new capture follows
+                # the new stepper's warm-up steps
+                st, stepper = new, None
+                pos = [live.index(k) if k in live else None for k in range(K)]
+                if dev.type == "cuda":
+                    torch.cuda.empty_cache()
+                stepper, base = Stepper(st.step, dev, capture=capture, keep_going=True), done
         except (UsageError, KeyboardInterrupt):
             raise
         except Exception as e:
@@ -426,15 +555,15 @@ def _run(task, mixer, knobs, model_cfg, cfgs, seeds, dev, hooks, log, data,
     for k, b in enumerate(books):
         if b.active and b.res.state == "COMPLETE":
             b.res.steps = done
-        final = ({k_: v.detach().clone() for k_, v in sm.load_into(k, sm.template).state_dict().items()}
+        final = ({k_: v.detach().clone() for k_, v in weights(k).state_dict().items()}
                  if keep_weights else None)
         # a run that stopped before the others trained until its last validation
         own = train_time if b.active or b.elapsed is None else b.elapsed
-        out.append(b.finish(sm.load_into(k, sm.template), by_seed[seeds[k]], dev, own, t_start))
+        out.append(b.finish(weights(k), by_seed[seeds[k]], dev, own, t_start))
         out[-1].hook_error = b.hook_error
         if keep_weights:
             out[-1].final_state_dict = final
     pm = peak_mem(dev)
     for r in out:
         r.peak_mem_bytes = pm
-    return out, stepper.reason
+    return out, graph_reason or capture_failure()

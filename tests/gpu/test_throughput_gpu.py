@@ -35,8 +35,8 @@ def _setup():
     return task, ModelConfig(**RECIPES["mad"]), data, cfg, TrainConfig
 
 
-def _rel(a: list[dict], b: list[dict]) -> float:
-    assert [h["step"] for h in a] == [h["step"] for h in b] == list(range(EVERY, STEPS + 1, EVERY))
+def _rel(a: list[dict], b: list[dict], until: int = STEPS) -> float:
+    assert [h["step"] for h in a] == [h["step"] for h in b] == list(range(EVERY, until + 1, EVERY))
     return max(abs(x["train_loss"] - y["train_loss"]) / abs(x["train_loss"]) for x, y in zip(a, b))
 
 
@@ -86,6 +86,53 @@ def test_stacked_matches_separate_runs(mixer, mode, monkeypatch):
         assert r.state == alone.state == "COMPLETE" and r.backend == alone.backend
         rel = max(rel, _rel(alone.history, r.history))
     _record(f"{mode}-K4-vs-separate[{mixer}]", rel)
+    assert rel < RTOL
+
+
+@pytest.mark.parametrize("mixer", ["softmax", "gdn"])
+def test_stacked_graphed_compaction_matches_separate_runs(mixer, monkeypatch):
+    """stacked+graphed K=4 where runs stop (their on_eval raises, as a prune does): run 1 at step 5, run 3
+    at step 10; each time the stack is rebuilt without them (a new capture of 3, then of 2 models, said in
+    the log). Every run against its separate eager run, stopped at the same validation."""
+    import lightning.pytorch as pl
+    monkeypatch.setenv("MIXZOO_EAGER_KERNELS", "1")        # the separate runs on the stacked run's kernels
+    monkeypatch.setenv("MIXZOO_STACK_COMPACT", "1")
+    from mixzoo.train import stacked, train
+    monkeypatch.setattr(stacked, "REBUILD_STEPS", {False: 0, True: 0})     # a rebuild at every stop, even in 20 steps
+    task, mcfg, data, cfg, TrainConfig = _setup()
+    cfgs = [TrainConfig(**{**cfg, "lr": lr}, step_mode="stacked+graphed") for lr in (5e-4, 1e-3, 1.5e-3, 2e-3)]
+    seeds, stops = [0, 1, 2, 3], [None, 5, None, 10]
+
+    class Pruned(Exception):
+        pass
+
+    def prune_at(at):
+        def hook(step, val):
+            if step >= at:
+                raise Pruned(step)
+        return hook
+
+    class StopAt(pl.Callback):              # the separate run's stop: after its validation of that step
+        def __init__(self, at):
+            self.at = at
+
+        def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx):
+            if trainer.global_step >= self.at:
+                trainer.should_stop = True
+    logs = []
+    res = stacked.train_stacked(task, mixer, {}, mcfg, cfgs, seeds, device="cuda", data=data, log=logs.append,
+                                on_eval=[None if s is None else prune_at(s) for s in stops])
+    assert [m for m in logs if "compacted" in m] == ["stacked: compacted 4 -> 3 at step 5",
+                                                     "stacked: compacted 3 -> 2 at step 10"], logs
+    assert [r.step_mode for r in res] == ["stacked+graphed"] * 4, res[0].step_mode_reason
+    rel = 0.0
+    for c, s, stop, r in zip(cfgs, seeds, stops, res):
+        alone = train(task, mixer, {}, mcfg, TrainConfig(**{**cfg, "lr": c.lr}), seed=s, device="cuda", data=data,
+                      callbacks=[] if stop is None else [StopAt(stop)])
+        assert r.state == alone.state == "COMPLETE" and r.backend == alone.backend
+        assert r.steps == alone.steps == (stop or STEPS) and isinstance(r.hook_error, Pruned) == (stop is not None)
+        rel = max(rel, _rel(alone.history, r.history, stop or STEPS))
+    _record(f"stacked+graphed-K4-compacted-vs-separate[{mixer}]", rel)
     assert rel < RTOL
 
 
