@@ -5,10 +5,10 @@ checked against the default tiles'.
 
     python benchmarks/attn_tiles.py --T 256,1024 --out logs/attn-tiles.json
 
-Candidates are (rows, keys, warps, stages); each kernel is swept with the others at ``TILES``. A forward
-candidate's time is the forward kernel's; a dkdv or dq candidate's is the whole backward (δ, dk/dv, dq), so the
-three columns compare within a kernel, not across. Tiles that break the causal split (the larger side a
-multiple of the smaller) are left out.
+Candidates are (rows, keys, warps, stages); each kernel is swept with the others at the length's default
+tiles (``attn.default_tiles``). A forward candidate's time is the forward kernel's; a dkdv or dq candidate's is
+the whole backward (δ, dk/dv, dq), so the three columns compare within a kernel, not across. Tiles that break
+the causal split (the larger side a multiple of the smaller) are left out.
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def _at(T: int, B: int, H: int, D: int, ms, kinds: list[str]) -> list[dict]:
     q, k, v = (t.unflatten(-1, (H, D)).transpose(1, 2) for t in qkv.chunk(3, -1))      # (B, H, T, D) views
     do = torch.randn(B, H, T, D, device=DEV, generator=g).bfloat16()
     scale = D ** -0.5
-    base = A._tiles(None)
+    base = A._tiles(None, T)
     o, lse = A._launch_fwd(q, k, v, scale, base)
     grads = A._launch_bwd(q, k, v, o, lse, do, scale, base)
     rows = [dict(T=T, kind="default", tiles=base, fwd=ms(lambda: A._launch_fwd(q, k, v, scale, base)),
@@ -52,7 +52,7 @@ def _at(T: int, B: int, H: int, D: int, ms, kinds: list[str]) -> list[dict]:
     for kind in kinds:
         for c in candidates(kind):
             try:
-                tiles = A._tiles({kind: c})
+                tiles = A._tiles({kind: c}, T)
             except ValueError:
                 continue
             try:

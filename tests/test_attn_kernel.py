@@ -123,3 +123,18 @@ def test_attention_switch_is_checked_at_the_edge(monkeypatch):
     assert "MIXZOO_ATTN" in kernels.switch_error()
     monkeypatch.setenv("MIXZOO_ATTN", "triton")
     assert kernels.switch_error() is None
+
+
+def test_tiles_by_length_and_the_old_set(monkeypatch):
+    from mixzoo.kernels import attn
+    monkeypatch.delenv("MIXZOO_ATTN_TILES", raising=False)
+    assert attn.default_tiles(128) == attn.default_tiles(511) == attn.SHORT_TILES
+    assert attn.default_tiles(512) == attn.default_tiles(4096) == attn.TILES
+    for T in (128, 1024):                     # every default set keeps the loops' causal split
+        assert attn._tiles(None, T) == attn.default_tiles(T)
+    monkeypatch.setenv("MIXZOO_ATTN_TILES", "old")
+    assert attn.default_tiles(128) == attn.default_tiles(1024) == attn.OLD_TILES
+    assert attn._tiles({"dq": (64, 32, 4, 1)}, 1024)["dq"] == (64, 32, 4, 1)
+    from mixzoo import kernels
+    monkeypatch.setenv("MIXZOO_ATTN_TILES", "fast")
+    assert "MIXZOO_ATTN_TILES" in kernels.switch_error()

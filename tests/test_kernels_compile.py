@@ -70,8 +70,8 @@ def _cases():
                     dwp=P("fp32"), ds=P(dt), dr=P("bf16"), R="i32", D="i32", NB="i32"),
                dict(BR=512 if not gate else 16, BD=8 if not gate else 256, GATE=gate, HAS_DS=res, RES=res))
               for gate, res in ((False, False), (True, False), (False, True))],
-            ("rope " + dt, R._rope_kernel, dict(x=P(dt), y=P(dt), cs=P("fp32"), H="i32", T="i32", sb="i64", sh="i64",
-                                                st="i64", sign="fp32"), dict(D=8, HALF=4, BT=32, BJ=128)),
+            ("rope " + dt, R._rope_kernel, dict(x=P(dt), y=P(dt), inv_freq=P("fp32"), H="i32", T="i32", sb="i64", sh="i64",
+                                                st="i64", HALF="i32", sign="fp32"), dict(BT=256, BH=4)),
             ("conv fwd " + dt, C._fwd_kernel, dict(x=P(dt), w=P("fp32"), bias=P("fp32"), y=P("bf16"), T="i32", C="i32",
                                                 BM="i32"),
              dict(W=4, HAS_BIAS=True, SILU=True, BT=C.BT, BC=C.BC, TB=C.TB)),

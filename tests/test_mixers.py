@@ -393,3 +393,13 @@ def test_mixzoo_sdpa_switch(monkeypatch, capsys):
     assert main(["reproduce", "--list"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["mixzoo: error: MIXZOO_SDPA='fast'; allowed: flash, efficient, cudnn, math (or unset)"], err
+
+
+def test_mesa_cg_steps_by_head_width():
+    from mixzoo.models.mesa import MesaNet, default_cg_steps
+    assert MesaNet(128, num_heads=16).cg == default_cg_steps(8) == 10          # the mad recipe: padded to 16
+    assert MesaNet(32, num_heads=2).cg == default_cg_steps(16) == 10
+    assert MesaNet(128, num_heads=2).cg == default_cg_steps(64) == 30          # fla's own count above 16
+    assert MesaNet(128, num_heads=16, cg_steps=30).cg == 30
+    with pytest.raises(ValueError, match="cg_steps"):
+        MesaNet(128, num_heads=16, cg_steps=0)

@@ -43,11 +43,13 @@ LLA_C = ("forward", "summed")
 # and its right-hand side h = Σ_VKᵀ g from moments the forward kept ("forward", its output then formed from them) or
 # summed again over the keys
 LLA_H = ("forward", "summed")
+# the small-head attention's tiles (attn.default_tiles): by length, or the single set used before
+ATTN_TILES = ("by-length", "old")
 NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS, "MIXZOO_ATTN": ATTN_CHOICES, "MIXZOO_LLA_C": LLA_C,
                   "MIXZOO_LLA_H": LLA_H, "MIXZOO_PARALLAX_TILES": PARALLAX_TILES, "MIXZOO_SSD_DOT": SSD_FORMS,
                   "MIXZOO_MAMBA_SSD": MAMBA_SSD, "MIXZOO_MAMBA_SSD_FOLD": MAMBA_SSD_FOLD, "MIXZOO_MESA_FOLD": MESA_FOLD,
                   "MIXZOO_CONV_FOLD": CONV_FOLDS, "MIXZOO_CONV_BWD": CONV_BWD, "MIXZOO_CONV_FWD": CONV_FWD,
-                  **GLA_SWITCHES}
+                  "MIXZOO_ATTN_TILES": ATTN_TILES, **GLA_SWITCHES}
 
 
 def switch_error() -> str | None:

@@ -27,9 +27,17 @@ from ._check import DeviceCheck, interpreting, matches
 MAX_DIM = 16
 _DTYPES = (torch.bfloat16, torch.float16)
 # (rows, columns, warps, stages) of each kernel's tile: forward (query rows, keys), dk/dv (query rows, keys),
-# dq (query rows, keys); the larger of the two divides by the smaller (the loops' causal split needs it)
-# Without spills for sm_90a at heads of 8 (ptxas -v: 207, 208 and 192 registers); not yet timed against others.
-TILES = {"fwd": (128, 64, 4, 2), "dkdv": (32, 128, 4, 2), "dq": (128, 32, 4, 2)}
+# dq (query rows, keys); the larger of the two divides by the smaller (the loops' causal split needs it).
+# benchmarks/attn_tiles.py on an H200 (16 heads of 8, batch 768; 72 candidates a length, each kernel swept with the
+# others at the tiles it replaced, OLD_TILES): at length 1024 the forward's best was its own tile (4.57 ms), the
+# backward 12.15 -> 11.30 ms with dk/dv at 16 x 128 and 11.51 ms with dq at 64 x 32; at 256 the forward
+# 0.531 -> 0.501 ms at 64 x 32, the backward 1.460 -> 1.347 (dk/dv 32 x 64) and 1.343 (dq 64 x 32). Lengths of
+# at least 512 take TILES, shorter ones SHORT_TILES (512 and 128 were not swept).
+TILES = {"fwd": (128, 64, 4, 2), "dkdv": (16, 128, 4, 1), "dq": (64, 32, 4, 1)}
+SHORT_TILES = {"fwd": (64, 32, 4, 1), "dkdv": (32, 64, 4, 1), "dq": (64, 32, 4, 1)}
+SHORT_BELOW = 512
+# the single set used before (MIXZOO_ATTN_TILES=old, for timing one against the other)
+OLD_TILES = {"fwd": (128, 64, 4, 2), "dkdv": (32, 128, 4, 2), "dq": (128, 32, 4, 2)}
 
 
 def attention_torch(q, k, v, scale: float | None = None):
@@ -89,8 +97,15 @@ def _dp(D: int) -> int:
     return max(16, 1 << (D - 1).bit_length())
 
 
-def _tiles(tiles: dict | None) -> dict:
-    t = dict(TILES, **(tiles or {}))
+def default_tiles(T: int) -> dict:
+    """The tiles a length-T call takes (``TILES`` or ``SHORT_TILES``; ``OLD_TILES`` with MIXZOO_ATTN_TILES=old)."""
+    if os.environ.get("MIXZOO_ATTN_TILES") == "old":
+        return OLD_TILES
+    return SHORT_TILES if T < SHORT_BELOW else TILES
+
+
+def _tiles(tiles: dict | None, T: int = SHORT_BELOW) -> dict:
+    t = dict(default_tiles(T), **(tiles or {}))
     for name, (rows, keys, _, _) in t.items():          # the loops' causal split: the larger side a multiple
         big, small = (keys, rows) if name == "dkdv" else (rows, keys)
         if big % small:
@@ -120,12 +135,12 @@ class _Attention(torch.autograd.Function):
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
               tiles: dict | None = None) -> torch.Tensor:
     """Causal softmax attention of (B, H, T, D) q, k, v (D <= ``MAX_DIM``, bf16 or fp16), scale 1/sqrt(D) by
-    default: (B, H, T, D), stored (B, T, H, D). ``tiles`` overrides entries of ``TILES`` (for timing)."""
+    default: (B, H, T, D), stored (B, T, H, D). ``tiles`` overrides entries of ``default_tiles(T)`` (for timing)."""
     B, H, T, D = q.shape
     if D > MAX_DIM or k.shape != q.shape or v.shape != q.shape:
         raise ValueError(f"attention: q, k, v of shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}; "
                          f"equal shapes with heads of at most {MAX_DIM} are supported")
-    return _Attention.apply(q, k, v, float(D ** -0.5 if scale is None else scale), _tiles(tiles))
+    return _Attention.apply(q, k, v, float(D ** -0.5 if scale is None else scale), _tiles(tiles, T))
 
 
 def switch() -> str:

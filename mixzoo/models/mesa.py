@@ -63,6 +63,18 @@ def mesa_core(q, k, v, *, ridge: float = 1.0, decay: float = 1.0):
     return (hvk @ x).squeeze(-1)
 
 
+def default_cg_steps(head_dim: int) -> int:
+    """fla's conjugate-gradient steps (forward and backward solve) for ``cg_steps=None``: 10 for heads the fla
+    path pads to 16 (at most 16 dims), fla's 30 above. With q zero in the padded dims each position's system is
+    at most 16-dimensional (8 at the mad recipe), and CG with bf16 products reaches its floor in a few more steps
+    than that: benchmarks/mesa_cg_steps.py on an H200 (16 heads of 8, against the float64 exact read-out, output /
+    input gradient / parameter gradients) gave 8.07e-3 / 1.15e-2 / 1.08e-2 at 10 steps and 8.04e-3 / 1.14e-2 /
+    1.08e-2 at 30 for the layer as built, 1.42e-2 / 1.85e-2 / 1.79e-2 and 1.41e-2 / 1.82e-2 / 1.76e-2 with a
+    forget gate of 0.9975 and Λ at 0.05 (6 steps: 6.0e-2 there); the layer's forward+backward at batch 768,
+    length 1024 took 29.5 against 39.2 ms (benchmarks/h200-2026-12-05)."""
+    return 10 if head_dim <= 16 else 30
+
+
 def mesa_exact(q, k, v, g, beta, lamb):
     """The exact Mesa read-out on (B, H, T, D) inputs with log forget gates g and input gates
     β (B, H, T) and Λ (H, D): prefix sums of β k kᵀ and β v kᵀ, one batched solve per position."""
@@ -87,7 +99,7 @@ class MesaNet(nn.Module):
 
     def __init__(self, d_model: int, *, num_heads: int = 2, layer_idx: int = 0,
                  lambda_min: float = 0.25, lambda_init: float = 1.0, conv_size: int = 4,
-                 cg_steps: int = 30, backend: str = "auto"):
+                 cg_steps: int | None = None, backend: str = "auto"):
         super().__init__()
         if d_model % num_heads:
             raise ValueError(f"d_model={d_model} not divisible by num_heads={num_heads}")
@@ -95,8 +107,10 @@ class MesaNet(nn.Module):
             raise ValueError(f"backend={backend!r}; allowed: auto, torch, fla")
         if lambda_init <= lambda_min:
             raise ValueError(f"lambda_init={lambda_init} must exceed lambda_min={lambda_min}")
-        self.h, self.dh, self.lmin, self.cg, self.requested = (
-            num_heads, d_model // num_heads, lambda_min, cg_steps, backend)
+        if cg_steps is not None and cg_steps < 1:
+            raise ValueError(f"cg_steps={cg_steps}; allowed: an integer >= 1, or None (by head width)")
+        self.h, self.dh, self.lmin, self.requested = num_heads, d_model // num_heads, lambda_min, backend
+        self.cg = cg_steps if cg_steps is not None else default_cg_steps(self.dh)
         # one projection for q, k, v (through one short convolution), the output gate and β
         self.proj = nn.Linear(d_model, 4 * d_model + num_heads, bias=False)
         self.conv = ConvAct(3 * d_model, conv_size)
