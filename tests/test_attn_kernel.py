@@ -17,7 +17,7 @@ small = {"fwd": (32, 16, 4, 2), "dkdv": (16, 32, 4, 2), "dq": (32, 16, 4, 2)}
 square = {"fwd": (16, 16, 4, 2), "dkdv": (16, 16, 4, 2), "dq": (16, 16, 4, 2)}
 for B, H, T, D, dt, tiles in ((2, 3, 37, 8, "bfloat16", None), (1, 2, 150, 5, "float16", small),
                               (1, 2, 97, 16, "bfloat16", square), (2, 1, 64, 8, "bfloat16", small),
-                              (1, 1, 1, 8, "bfloat16", None)):
+                              (1, 1, 1, 8, "bfloat16", None), (1, 2, 150, 8, "bfloat16", A.TILES)):
     qkv = torch.randn(B, T, 3 * H * D, generator=g).to(getattr(torch, dt))
     q, k, v = (t.unflatten(-1, (H, D)).transpose(1, 2) for t in qkv.chunk(3, -1))     # strided views
     do = torch.randn(B, H, T, D, generator=g).to(q.dtype)
