@@ -15,9 +15,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import sys
-import tempfile
 
 import torch
 
@@ -99,10 +97,8 @@ def main(argv=None) -> int:
     for key, r in b.items():
         print("best", key, r["tiles"], f"{r['ms']:.3f} ms", flush=True)
     if a.out:
-        d = os.path.dirname(os.path.abspath(a.out))
-        with tempfile.NamedTemporaryFile("w", dir=d, delete=False, suffix=".tmp") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), rows=rows, best=b), f, indent=1)
-        os.replace(f.name, a.out)
+        from mixzoo.leaderboard.export import write_atomic
+        write_atomic(a.out, json.dumps(dict(device=torch.cuda.get_device_name(), rows=rows, best=b), indent=1))
     return 0
 
 

@@ -17,9 +17,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import os
 import sys
-import tempfile
 
 import torch
 
@@ -123,10 +121,8 @@ def main(argv=None) -> int:
     chosen = min(ok) if ok and at30 else None
     print("chosen", chosen, flush=True)
     if a.out:
-        d = os.path.dirname(os.path.abspath(a.out))
-        with tempfile.NamedTemporaryFile("w", dir=d, delete=False, suffix=".tmp") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), rows=rows, chosen=chosen), f, indent=1)
-        os.replace(f.name, a.out)
+        from mixzoo.leaderboard.export import write_atomic
+        write_atomic(a.out, json.dumps(dict(device=torch.cuda.get_device_name(), rows=rows, chosen=chosen), indent=1))
     return 0
 
 

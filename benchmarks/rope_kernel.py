@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 
 import torch
 import triton
@@ -114,10 +112,8 @@ def main(argv=None) -> int:
         rows.append(row)
         print(json.dumps(row), flush=True)
     if a.out:
-        d = os.path.dirname(os.path.abspath(a.out))
-        with tempfile.NamedTemporaryFile("w", dir=d, delete=False, suffix=".tmp") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), rows=rows), f, indent=1)
-        os.replace(f.name, a.out)
+        from mixzoo.leaderboard.export import write_atomic
+        write_atomic(a.out, json.dumps(dict(device=torch.cuda.get_device_name(), rows=rows), indent=1))
     return 0
 
 
