@@ -158,7 +158,7 @@ def runs_on(q: torch.Tensor, dropout: float = 0.0) -> bool:
 def usable(device_index: int = 0) -> bool:
     """Whether the kernels give ``attention_torch``'s output and gradients on this device (-1: the
     interpreter), checked once (``_check.DeviceCheck``): bf16, heads of 8 and 5 from a projection's strided
-    views, a partial tile of positions."""
+    views, a partial tile of positions, at the short lengths' tiles and at the long ones'."""
     return _USABLE(device_index)
 
 
@@ -173,12 +173,13 @@ def _matches_here(device_index: int) -> bool:
         ref = [t.detach().double().requires_grad_() for t in (q, k, v)]
         want = attention_torch(*ref)
         want_g = torch.autograd.grad(want, ref, do.double())
-        got_in = [t.detach().requires_grad_() for t in (q, k, v)]
-        got = attention(*got_in)
-        got_g = torch.autograd.grad(got, got_in, do)
-        if not (got.dtype == torch.bfloat16 and matches(got, want.detach(), 1e-2)
-                and all(matches(a, b, 2e-2) for a, b in zip(got_g, want_g))):
-            return False
+        for tiles in (None, TILES):          # the length's own tiles, and the long ones at this short length
+            got_in = [t.detach().requires_grad_() for t in (q, k, v)]
+            got = attention(*got_in, tiles=tiles)
+            got_g = torch.autograd.grad(got, got_in, do)
+            if not (got.dtype == torch.bfloat16 and matches(got, want.detach(), 1e-2)
+                    and all(matches(a, b, 2e-2) for a, b in zip(got_g, want_g))):
+                return False
     return True
 
 
