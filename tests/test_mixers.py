@@ -403,3 +403,48 @@ def test_mesa_cg_steps_by_head_width():
     assert MesaNet(128, num_heads=16, cg_steps=30).cg == 30
     with pytest.raises(ValueError, match="cg_steps"):
         MesaNet(128, num_heads=16, cg_steps=0)
+
+
+@pytest.mark.parametrize("pad", [None, "16", "none"])
+def test_fla_head_padding_switch(pad, monkeypatch):
+    """MIXZOO_FLA_PAD: gdn's, GLA's and MesaNet's heads go to fla padded to 16 (default, "16") or as they are
+    ("none", backend "+unpadded"); with a stand-in for fla's MesaNet op that reads out exactly, the layer equals
+    the torch-exact path either way."""
+    if pad:
+        monkeypatch.setenv("MIXZOO_FLA_PAD", pad)
+    else:
+        monkeypatch.delenv("MIXZOO_FLA_PAD", raising=False)
+    from mixzoo.models import _fla
+    from mixzoo.models.mesa import mesa_exact
+    from mixzoo.registry import build_mixer, get_mixer
+    want = 0 if pad == "none" else 16
+    assert _fla.fla_pad_width() == want
+    t = torch.randn(2, 3, 4, 8).transpose(1, 2)                      # a strided view, heads of 8
+    p = _fla.pad_heads(t, width=_fla.fla_pad_width())
+    assert p.is_contiguous() and p.shape[-1] == (8 if pad == "none" else 16)
+    assert torch.equal(p[..., :8], t) and (p[..., 8:] == 0).all()
+    assert _fla.unpadded_suffix(8) == ("+unpadded" if pad == "none" else "") and _fla.unpadded_suffix(16) == ""
+    seen = []
+
+    def fla_stand_in(q, k, v, g, beta, lamb, max_CG_iteration, use_qk_l2norm_in_kernel=False):
+        seen.append(tuple(q.shape))
+        import torch.nn.functional as F
+        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        tt = lambda t: t.transpose(1, 2)
+        return tt(mesa_exact(tt(q), tt(k), tt(v), tt(g), tt(beta), lamb)), None, None
+
+    def build(backend):
+        torch.manual_seed(0)
+        return build_mixer(get_mixer("mesa"), 32, num_heads=4, layer_idx=0, l_max=37, backend=backend).double()
+    ref, fast = build("torch"), build("auto")
+    fast._fast = lambda x: fla_stand_in
+    x = torch.randn(2, 37, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(fast(x), ref(x))
+    assert seen == [(2, 64, 4, 8 if pad == "none" else 16)]
+    assert fast.backend.endswith("+unpadded") == (pad == "none")
+
+
+def test_fla_head_padding_switch_is_checked_at_the_edge(monkeypatch):
+    from mixzoo import kernels
+    monkeypatch.setenv("MIXZOO_FLA_PAD", "8")
+    assert "MIXZOO_FLA_PAD" in kernels.switch_error()

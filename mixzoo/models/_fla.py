@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -66,6 +67,22 @@ def _op(module: str, fn: str):
 # fla's Triton kernels need every dot dimension to be at least 16 (``tl.dot`` K >= 16); the mad
 # recipe's 16 heads of width 8 (and GLA's keys of width 4 there) are below that.
 MIN_DOT = 16
+
+
+def fla_pad_width() -> int:
+    """The width gdn's, GLA's and MesaNet's narrower heads are zero-padded to before fla's calls: ``MIN_DOT``, or
+    none with ``MIXZOO_FLA_PAD=none``, an experiment not yet measured. Most of those fla kernels (and mixzoo's dqkwg
+    and GLA kernels) take a head of width K in blocks of max(16, next power of two of K) with masked loads,
+    i.e. they pad in registers, and the padding in memory costs copies both ways (gdn at length 1024: about a
+    sixth of its stacked step in the copy, fill and cat kernels, 2026-12-05). It is to be checked against
+    the padded call on a GPU (benchmarks/fla_unpadded.py) before it is used: fla's kernels cannot run under
+    Triton's interpreter. A row's backend then ends in ``+unpadded``."""
+    return 0 if os.environ.get("MIXZOO_FLA_PAD") == "none" else MIN_DOT
+
+
+def unpadded_suffix(width: int) -> str:
+    """``+unpadded`` where a head of ``width`` goes to fla as it is under ``MIXZOO_FLA_PAD=none``."""
+    return "+unpadded" if width < MIN_DOT and fla_pad_width() == 0 else ""
 
 
 def pad_heads(*ts, width: int = MIN_DOT):

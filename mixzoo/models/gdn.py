@@ -75,13 +75,13 @@ class GatedDeltaNet(nn.Module):
         """fla's chunk kernel and the backend name, or (None, "torch-chunk")."""
         if not x.is_cuda or self.requested == "torch":
             return None, "torch-chunk"
-        width = max(self.dh, _fla.MIN_DOT)
+        width = max(self.dh, _fla.fla_pad_width())
         fn, suffix = _fla.gated_chunk_op("fla.ops.gated_delta_rule", "chunk_gated_delta_rule", width, width)
         if fn is None:
             if self.requested == "fla":
                 raise RuntimeError("gdn: backend='fla' asked for but fla's chunk kernel cannot run here")
             return None, "torch-chunk"
-        return fn, "fla-chunk" + suffix
+        return fn, "fla-chunk" + suffix + _fla.unpadded_suffix(self.dh)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, d = x.shape
@@ -91,7 +91,8 @@ class GatedDeltaNet(nn.Module):
         if fast is not None:
             # fla's kernels do the L2 norm of q and k, the decay -exp(A) softplus(a + dt_bias) with
             # its chunk cumsum, and β = σ(b) (x2 with allow_neg_eigval)
-            q, k, v = _fla.pad_heads(*(t.reshape(B, T, self.h, self.dh) for t in qkv.chunk(3, dim=-1)))
+            q, k, v = _fla.pad_heads(*(t.reshape(B, T, self.h, self.dh) for t in qkv.chunk(3, dim=-1)),
+                                     width=_fla.fla_pad_width())
             o = fast(q, k, v, g=a.contiguous(), beta=b.contiguous(), scale=self.dh ** -0.5,
                      use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=self.A_log,
                      dt_bias=self.dt_bias, use_beta_sigmoid_in_kernel=True,

@@ -64,8 +64,9 @@ class GatedLinearAttention(nn.Module):
         fast = self._fast(x)
         if fast is not None:
             D = v.shape[-1]
-            qp, kp, vp, gp = _fla.pad_heads(q, k, v, gk.to(q.dtype))
-            self.backend = "fla-chunk" + _fla.gla_suffix(kp.shape[-1], vp.shape[-1], x.device)
+            qp, kp, vp, gp = _fla.pad_heads(q, k, v, gk.to(q.dtype), width=_fla.fla_pad_width())
+            self.backend = ("fla-chunk" + _fla.gla_suffix(kp.shape[-1], vp.shape[-1], x.device)
+                            + _fla.unpadded_suffix(min(q.shape[-1], D)))
             o = fast(qp, kp, vp, g=gp, scale=self.dk ** -0.5)[0][..., :D]
         else:
             self.backend = "torch-recurrent"
