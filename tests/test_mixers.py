@@ -225,22 +225,14 @@ def test_mesa_exact_matches_fla_reference():
     torch.testing.assert_close(mesa_exact(q, k, v, g, beta, lamb), tt(want), atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("switch", [None, "fla", "torch"])
-def test_mesa_fast_path_hands_fla_unnormalized_q_k_and_asks_it_to_normalize(switch, monkeypatch):
-    """By default (and with MIXZOO_MESA_L2NORM=fla) the fla path passes q and k as they come from the
-    convolution, padded, with use_qk_l2norm_in_kernel=True (fla normalizes them inside the call); with
-    MIXZOO_MESA_L2NORM=torch normalized before the call, with the flag off. With a stand-in for fla's op
-    that does what its flag says and reads out exactly, the layer equals the torch-exact path either way,
-    values and gradients, at a head of 8 padded to 16 and a length padded to 64."""
-    if switch:
-        monkeypatch.setenv("MIXZOO_MESA_L2NORM", switch)
-    else:
-        monkeypatch.delenv("MIXZOO_MESA_L2NORM", raising=False)
+def _mesa_with_stand_in(seen):
+    """The mesa layer (width 32 in 4 heads, float64) on the torch-exact path, and the same weights on the fla
+    path with a stand-in for fla's op that does what its l2norm flag says and reads out exactly; ``seen`` gets
+    (q's shape, the flag, q's norms) of each call."""
     import torch.nn.functional as F
 
     from mixzoo.models.mesa import mesa_exact
     from mixzoo.registry import build_mixer, get_mixer
-    seen = []
 
     def fla_stand_in(q, k, v, g, beta, lamb, max_CG_iteration, use_qk_l2norm_in_kernel=False):
         seen.append((tuple(q.shape), use_qk_l2norm_in_kernel, q.norm(dim=-1)))
@@ -254,6 +246,22 @@ def test_mesa_fast_path_hands_fla_unnormalized_q_k_and_asks_it_to_normalize(swit
         return build_mixer(get_mixer("mesa"), 32, num_heads=4, layer_idx=0, l_max=37, backend=backend).double()
     ref, fast = build("torch"), build("auto")
     fast._fast = lambda x: fla_stand_in
+    return ref, fast
+
+
+@pytest.mark.parametrize("switch", [None, "fla", "torch"])
+def test_mesa_fast_path_hands_fla_unnormalized_q_k_and_asks_it_to_normalize(switch, monkeypatch):
+    """By default (and with MIXZOO_MESA_L2NORM=fla) the fla path passes q and k as they come from the
+    convolution, padded, with use_qk_l2norm_in_kernel=True (fla normalizes them inside the call); with
+    MIXZOO_MESA_L2NORM=torch normalized before the call, with the flag off. With a stand-in for fla's op
+    that does what its flag says and reads out exactly, the layer equals the torch-exact path either way,
+    values and gradients, at a head of 8 padded to 16 and a length padded to 64."""
+    if switch:
+        monkeypatch.setenv("MIXZOO_MESA_L2NORM", switch)
+    else:
+        monkeypatch.delenv("MIXZOO_MESA_L2NORM", raising=False)
+    seen = []
+    ref, fast = _mesa_with_stand_in(seen)
     x = torch.randn(2, 37, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     xs = [x.clone().requires_grad_() for _ in range(2)]
     ys = [m(xi) for m, xi in zip((ref, fast), xs)]
@@ -415,8 +423,6 @@ def test_fla_head_padding_switch(pad, monkeypatch):
     else:
         monkeypatch.delenv("MIXZOO_FLA_PAD", raising=False)
     from mixzoo.models import _fla
-    from mixzoo.models.mesa import mesa_exact
-    from mixzoo.registry import build_mixer, get_mixer
     want = 0 if pad == "none" else 16
     assert _fla.fla_pad_width() == want
     t = torch.randn(2, 3, 4, 8).transpose(1, 2)                      # a strided view, heads of 8
@@ -425,22 +431,10 @@ def test_fla_head_padding_switch(pad, monkeypatch):
     assert torch.equal(p[..., :8], t) and (p[..., 8:] == 0).all()
     assert _fla.unpadded_suffix(8) == ("+unpadded" if pad == "none" else "") and _fla.unpadded_suffix(16) == ""
     seen = []
-
-    def fla_stand_in(q, k, v, g, beta, lamb, max_CG_iteration, use_qk_l2norm_in_kernel=False):
-        seen.append(tuple(q.shape))
-        import torch.nn.functional as F
-        q, k = F.normalize(q, dim=-1), F.normalize(k, dim=-1)
-        tt = lambda t: t.transpose(1, 2)
-        return tt(mesa_exact(tt(q), tt(k), tt(v), tt(g), tt(beta), lamb)), None, None
-
-    def build(backend):
-        torch.manual_seed(0)
-        return build_mixer(get_mixer("mesa"), 32, num_heads=4, layer_idx=0, l_max=37, backend=backend).double()
-    ref, fast = build("torch"), build("auto")
-    fast._fast = lambda x: fla_stand_in
+    ref, fast = _mesa_with_stand_in(seen)
     x = torch.randn(2, 37, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(fast(x), ref(x))
-    assert seen == [(2, 64, 4, 8 if pad == "none" else 16)]
+    assert [c[0] for c in seen] == [(2, 64, 4, 8 if pad == "none" else 16)]
     assert fast.backend.endswith("+unpadded") == (pad == "none")
 
 
