@@ -104,7 +104,7 @@ def default_tiles(T: int) -> dict:
     return SHORT_TILES if T < SHORT_BELOW else TILES
 
 
-def _tiles(tiles: dict | None, T: int = SHORT_BELOW) -> dict:
+def _tiles(tiles: dict | None, T: int) -> dict:
     t = dict(default_tiles(T), **(tiles or {}))
     for name, (rows, keys, _, _) in t.items():          # the loops' causal split: the larger side a multiple
         big, small = (keys, rows) if name == "dkdv" else (rows, keys)
