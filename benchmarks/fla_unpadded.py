@@ -1,6 +1,7 @@
 """gdn's, GLA's and MesaNet's fla paths with heads of 8 handed to fla as they are (``MIXZOO_FLA_PAD=none``)
 against padded to 16 (the default): does fla (and mixzoo's kernels on those paths) give the same layer, and
-is it faster? At the mad recipe's layer (width 128 in 16 heads), under bf16 autocast:
+is it faster? gdn also with mixzoo's recurrent scan (``MIXZOO_GDN=rec``, mixzoo.kernels.delta_rec) against both.
+At the mad recipe's layer (width 128 in 16 heads), under bf16 autocast:
 
 * agreement: output and gradients (input and every parameter) of the unpadded layer against the padded one,
   and each against the layer's float64 reference path (``backend="torch"``), at batch 8, length 256;
@@ -36,6 +37,11 @@ def _grads(m, x, dy, amp: bool):
     return y.detach(), x.grad, torch.cat([p.grad.flatten() for p in m.parameters() if p.grad is not None])
 
 
+# each variant's environment: fla's calls with heads padded to 16 in memory (the default), unpadded, and (gdn only)
+# mixzoo's recurrent scan instead of fla (the fla variants run with MIXZOO_GDN=fla)
+VARIANTS = {"16": {"MIXZOO_FLA_PAD": "16"}, "none": {"MIXZOO_FLA_PAD": "none"}, "rec": {"MIXZOO_GDN": "rec"}}
+
+
 def one(mixer: str, lengths: list[int], B: int) -> dict:
     """This process's row (MIXZOO_FLA_PAD as the caller set it)."""
     import triton.testing
@@ -52,7 +58,8 @@ def one(mixer: str, lengths: list[int], B: int) -> dict:
     ref.requested = "torch"
     want = _grads(ref, x.double(), dy.double(), False)
     row.update(err_vs_f64=[_rel(a, b) for a, b in zip(fast, want)], ref_backend=ref.backend)
-    torch.save([t.cpu() for t in fast], f"/tmp/fla_unpadded-{mixer}-{row['pad']}.pt")
+    variant = "rec" if m.backend == "triton-rec" else row["pad"]
+    torch.save([t.cpu() for t in fast], f"/tmp/fla_unpadded-{mixer}-{variant}.pt")
     for T in lengths:
         xb = torch.randn(B, T, 128, device="cuda", requires_grad=True)
 
@@ -78,19 +85,21 @@ def main(argv=None) -> int:
         return 0
     rows = []
     for mixer in a.mixers.split(","):
-        for pad in ("16", "none"):
-            env = {**os.environ, "MIXZOO_FLA_PAD": pad}
+        variants = [v for v in VARIANTS if mixer == "gdn" or v != "rec"]
+        for variant in variants:
+            env = {**os.environ, **VARIANTS[variant], **({"MIXZOO_GDN": "fla"} if variant != "rec" else {})}
             p = subprocess.run([sys.executable, __file__, "--one", mixer, "--T", a.T, "--B", str(a.B)],
                                capture_output=True, text=True, env=env)
             got = [ln for ln in p.stdout.splitlines() if ln.startswith("ROW ")]
             row = json.loads(got[-1][4:]) if got else dict(
-                mixer=mixer, pad=pad, error=f"rc {p.returncode}: " + " | ".join((p.stderr or p.stdout).splitlines()[-4:]))
-            rows.append(row)
+                mixer=mixer, error=f"rc {p.returncode}: " + " | ".join((p.stderr or p.stdout).splitlines()[-4:]))
+            rows.append(dict(row, variant=variant))
         pair = [r for r in rows if r["mixer"] == mixer]
-        files = [f"/tmp/fla_unpadded-{mixer}-{r['pad']}.pt" for r in pair]
-        if all("error" not in r for r in pair) and all(os.path.exists(f) for f in files):
-            a16, a0 = (torch.load(f) for f in files)
-            pair[1]["vs_padded"] = [_rel(u, v) for u, v in zip(a0, a16)]
+        if all("error" not in r for r in pair):
+            files = {r["variant"]: f"/tmp/fla_unpadded-{mixer}-{r['variant']}.pt" for r in pair}
+            padded = torch.load(files["16"])
+            for r in pair[1:]:
+                r["vs_padded"] = [_rel(u, v) for u, v in zip(torch.load(files[r["variant"]]), padded)]
         for r in pair:
             print(json.dumps(r), flush=True)
     if a.out:

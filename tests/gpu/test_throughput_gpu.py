@@ -235,9 +235,9 @@ print("RESULT", json.dumps([r.backend for r in rs] + [rs[0].step_mode]))
 
 @pytest.mark.parametrize("mixer", ["gdn", "lla", "softmax"])
 def test_a_fresh_stacked_process_takes_the_fast_paths(mixer):
-    """A sweep's worker starts with a stacked step: its first forward runs under vmap. gdn's backward
-    must still take mixzoo's Triton dqkwg step there (its self-check once answered False under vmap for
-    the whole process), LLA its Triton kernel with the explicit solve of heads of 8, folded (it once fell back to
+    """A sweep's worker starts with a stacked step: its first forward runs under vmap. gdn must still take
+    mixzoo's recurrent scan there (its self-check runs under vmap; the dqkwg step's once answered False under
+    vmap for the whole process), LLA its Triton kernel with the explicit solve of heads of 8, folded (it once fell back to
     eager), and softmax mixzoo's attention kernels for heads of 8 (their self-check also runs under vmap)."""
     import subprocess
     import sys
@@ -247,9 +247,7 @@ def test_a_fresh_stacked_process_takes_the_fast_paths(mixer):
                        text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads([x for x in p.stdout.splitlines() if x.startswith("RESULT ")][-1][len("RESULT "):])
-    from mixzoo.kernels.fla_dqkwg import triton_refused
-    want = {"gdn": "fla-chunk+triton-dqkwg" if triton_refused() else "fla-chunk", "lla": "triton-direct",
-            "softmax": "triton-attn"}[mixer]
+    want = {"gdn": "triton-rec", "lla": "triton-direct", "softmax": "triton-attn"}[mixer]
     assert r == [want, want, "stacked+graphed"], r
 
 

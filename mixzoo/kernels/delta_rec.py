@@ -1,0 +1,116 @@
+"""The gated delta rule at narrow heads as a recurrent scan, one position at a time (delta_rec_triton):
+
+    S_t = a_t S_{t-1} (I - β_t k̂_t k̂_tᵀ) + β_t v_t k̂_tᵀ,   o_t = scale · S_t q̂_t,   a_t = exp(g_t),
+
+with q̂, k̂ the L2-normalized q, k (``l2norm``, F.normalize's eps). Gated DeltaNet's core (``models.gdn``) at the
+mad recipe's heads of 8: fla's chunked kernels need every dot dimension >= 16, so those heads went to fla padded
+to 16 in memory, through a dozen launches a layer whose tiles are mostly idle at that width. Here the state of a
+head is 64 floats in registers, a program walks its sequence once forward and once backward, and the backward
+reads each step's state back from the forward's (``states``, B·T·H·DV·DK float32: 3.2 GB a layer at 768
+sequences of 1024 with 16 heads of 8).
+
+``delta_rule_rec_torch`` is the reference: the same recurrence, step by step in PyTorch (float32, float64 for
+float64 inputs), differentiated by autograd. ``delta_rule_rec`` runs the kernels for CUDA tensors (or under
+Triton's interpreter) once they have matched it on that device (``usable``), else the reference. Its arguments
+all carry the batch, so under stacking (``mixzoo.train.vmapfold``) the K models fold into the batch. Imports
+nothing of mixzoo.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ._check import DeviceCheck, interpreting, matches
+
+#: the widest head the kernels take: a state of MAX_HEAD x MAX_HEAD floats per head in registers
+MAX_HEAD = 16
+EPS = 1e-6
+
+
+def delta_rule_rec_torch(q, k, v, g, beta, scale: float, l2norm: bool = True) -> torch.Tensor:
+    """q, k (B, T, H, DK), v (B, T, H, DV), g, beta (B, T, H) -> o (B, T, H, DV) in q's dtype; computed in
+    float32 (float64 for float64 q)."""
+    out_dtype = q.dtype
+    cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    q, k, v, g, beta = (t.to(cdt) for t in (q, k, v, g, beta))
+    if l2norm:
+        q, k = F.normalize(q, dim=-1, eps=EPS), F.normalize(k, dim=-1, eps=EPS)
+    B, T, H, DK = q.shape
+    S = q.new_zeros(B, H, v.shape[-1], DK)
+    out = []
+    for t in range(T):
+        a, b = g[:, t].exp()[..., None, None], beta[:, t, :, None]
+        kt = k[:, t]
+        u = v[:, t] - a[..., 0] * (S @ kt.unsqueeze(-1)).squeeze(-1)
+        S = a * S + (b * u).unsqueeze(-1) * kt.unsqueeze(-2)
+        out.append((S @ q[:, t].unsqueeze(-1)).squeeze(-1) * scale)
+    return torch.stack(out, 1).to(out_dtype)
+
+
+class _Rec(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, scale, l2norm):
+        from . import delta_rec_triton as K
+        store = any(ctx.needs_input_grad[:5])
+        o, states = K.forward(q, k, v, g, beta, scale, EPS, l2norm, store)
+        if store:
+            ctx.save_for_backward(q, k, v, g, beta, states)
+        ctx.scale, ctx.l2norm = scale, l2norm
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        from . import delta_rec_triton as K
+        q, k, v, g, beta, states = ctx.saved_tensors
+        dq, dk, dv, dg, db = K.backward(q, k, v, g, beta, states, do, ctx.scale, EPS, ctx.l2norm)
+        return dq, dk, dv, dg.to(g.dtype), db, None, None
+
+
+def runs_on(q: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether ``delta_rule_rec`` takes the kernels for these heads on q's device."""
+    return ((q.is_cuda or interpreting()) and q.shape[-1] <= MAX_HEAD and v.shape[-1] <= MAX_HEAD
+            and not torch.compiler.is_compiling() and usable((q.device.index or 0) if q.is_cuda else -1))
+
+
+def delta_rule_rec(q, k, v, g, beta, scale: float, l2norm: bool = True) -> torch.Tensor:
+    """The kernels where ``runs_on``, else the reference (same signature as ``delta_rule_rec_torch``). Under
+    autocast the kernels take q, k, v as given (the projection's dtype) and write o in q's dtype."""
+    if not runs_on(q, v):
+        return delta_rule_rec_torch(q, k, v, g, beta, scale, l2norm)
+    from . import RAN
+    RAN.add("delta_rec")
+    return _Rec.apply(q, k, v, g, beta, float(scale), bool(l2norm))
+
+
+def usable(device_index: int = 0) -> bool:
+    """Whether the kernels give the reference's output and gradients on this device (-1: the interpreter),
+    checked once: float32 and bf16 inputs, a head block that is not full (3 heads), heads of 8 and a 4 x 8
+    head, with and without the L2 norm, a length of 37."""
+    return _USABLE(device_index)
+
+
+def _matches_here(device_index: int) -> bool:
+    dev = torch.device("cuda", device_index) if device_index >= 0 else torch.device("cpu")
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    for dt, tol, (B, T, H, DK, DV), l2 in ((torch.float32, 1e-4, (2, 37, 3, 8, 8), True),
+                                           (torch.bfloat16, 2e-2, (2, 37, 3, 8, 8), True),
+                                           (torch.float32, 1e-4, (1, 37, 2, 4, 8), False)):
+        q, k = (torch.randn(B, T, H, DK, generator=gen) for _ in range(2))
+        v = torch.randn(B, T, H, DV, generator=gen)
+        if not l2:
+            k = F.normalize(k, dim=-1)
+        g = -torch.rand(B, T, H, generator=gen) * 0.5
+        beta = torch.rand(B, T, H, generator=gen) * 1.5
+        do = torch.randn(B, T, H, DV, generator=gen)
+        ins = [t.double().requires_grad_() for t in (q, k, v, g, beta)]
+        want = delta_rule_rec_torch(*ins, 0.35, l2)
+        wants = torch.autograd.grad(want, ins, do.double())
+        got_ins = [t.to(dt).to(dev).requires_grad_() for t in (q, k, v)] + [t.to(dev).requires_grad_() for t in (g, beta)]
+        got = _Rec.apply(*got_ins, 0.35, l2)
+        gots = torch.autograd.grad(got, got_ins, do.to(dt).to(dev))
+        if not all(matches(a, ref, tol) for a, ref in [(got, want.detach()), *zip(gots, wants)]):
+            return False
+    return True
+
+
+_USABLE = DeviceCheck(_matches_here)

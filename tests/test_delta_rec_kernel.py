@@ -1,0 +1,123 @@
+"""mixzoo.kernels.delta_rec: the gated delta rule as a recurrent Triton scan at narrow heads (gdn's ``triton-rec``),
+on the CPU in Triton's interpreter (a fresh process: the interpreter is switched on before triton is imported):
+the kernels against the float64 step-by-step reference (output and every gradient), the reference against
+``_scan``'s recurrence, the gdn layer on the kernels against its torch-chunk path, folded under vmap (K models'
+sequences in one call), and the switch that turns it off."""
+import pytest
+import torch
+from interp import run_interpreted
+
+SCRIPT = r"""
+import torch.nn.functional as F
+from mixzoo.kernels import delta_rec as D, delta_rec_triton as DT
+from mixzoo.models._scan import gated_delta_recurrent
+g = torch.Generator().manual_seed(0)
+rel = lambda a, b: float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
+out = {"usable": D.usable(-1)}
+# (B, T, H, DK, DV, dtype, l2): a partial head block (3 of 4), two blocks of 16 the last partial (20 heads),
+# DK != DV without the norm, bf16
+for B, T, H, DK, DV, dt, l2 in ((2, 37, 3, 8, 8, "float32", True), (1, 9, 20, 8, 8, "float32", True),
+                                (2, 11, 2, 4, 8, "float32", False), (2, 23, 3, 8, 8, "bfloat16", True),
+                                (1, 5, 2, 16, 16, "float32", True)):
+    dt = getattr(torch, dt)
+    q, k = (torch.randn(B, T, H, DK, generator=g) for _ in range(2))
+    v = torch.randn(B, T, H, DV, generator=g)
+    if not l2:
+        k = F.normalize(k, dim=-1)
+    gg = -torch.rand(B, T, H, generator=g) * 0.5
+    beta = torch.rand(B, T, H, generator=g) * 2
+    do = torch.randn(B, T, H, DV, generator=g)
+    ins = [t.double().requires_grad_() for t in (q, k, v, gg, beta)]
+    want = D.delta_rule_rec_torch(*ins, 0.35, l2)
+    wants = torch.autograd.grad(want, ins, do.double())
+    got_ins = [t.to(dt).requires_grad_() for t in (q, k, v)] + [t.clone().requires_grad_() for t in (gg, beta)]
+    got = D.delta_rule_rec(*got_ins, 0.35, l2)
+    gots = torch.autograd.grad(got, got_ins, do.to(dt))
+    with torch.no_grad():
+        inference = D.delta_rule_rec(*got_ins, 0.35, l2)
+    # strided inputs (q, k, v as views of one projection, as the layer hands them) give the same numbers
+    qkv = torch.cat([q, k, v], -1).to(dt)
+    strided = D.delta_rule_rec(qkv[..., :DK], qkv[..., DK:2 * DK], qkv[..., 2 * DK:], gg, beta, 0.35, l2)
+    out[str((B, T, H, DK, DV, str(dt), l2))] = dict(
+        tol=2e-2 if dt == torch.bfloat16 else 1e-5, dtypes=[str(t.dtype) for t in (got, *gots)],
+        errs=[rel(a, r) for a, r in zip((got, *gots), (want, *wants))],
+        inference=float((inference - got).abs().max()), strided=float((strided - got).abs().max()))
+# the reference against _scan's recurrence ((B, H, T, D) layout, q and k normalized outside)
+q, k, v = (torch.randn(2, 30, 3, 8, generator=g, dtype=torch.float64) for _ in range(3))
+gg, beta = -torch.rand(2, 30, 3, generator=g, dtype=torch.float64), torch.rand(2, 30, 3, generator=g, dtype=torch.float64)
+tt = lambda x: x.transpose(1, 2)
+out["vs_scan"] = float((D.delta_rule_rec_torch(q, k, v, gg, beta, 0.3) - tt(gated_delta_recurrent(
+    tt(F.normalize(q, dim=-1)), tt(F.normalize(k, dim=-1)), tt(v), tt(gg), tt(beta), scale=0.3))).abs().max())
+
+# the gdn layer (4 heads of 8) on the kernels against its torch-chunk path, float32, β in [0, 1] and [0, 2]
+from mixzoo.registry import build_mixer, get_mixer
+for neg in (False, True):
+    torch.manual_seed(0)
+    m = build_mixer(get_mixer("gdn"), 32, num_heads=4, layer_idx=0, l_max=40, allow_neg_eigval=neg)
+    ref = build_mixer(get_mixer("gdn"), 32, num_heads=4, layer_idx=0, l_max=40, allow_neg_eigval=neg, backend="torch")
+    ref.load_state_dict(m.state_dict())
+    x = torch.randn(2, 40, 32, generator=g)
+    res = {}
+    for name, mod in (("rec", m), ("ref", ref)):
+        xx = x.clone().requires_grad_()
+        y = mod(xx)
+        grads = torch.autograd.grad(y.square().sum(), [xx, *mod.parameters()])
+        res[name] = (mod.backend, y, grads)
+    out[f"layer neg={neg}"] = dict(backends=[res["rec"][0], res["ref"][0]], out=rel(res["rec"][1], res["ref"][1]),
+                                   grads=max(rel(a, b) for a, b in zip(res["rec"][2], res["ref"][2])))
+os.environ["MIXZOO_GDN"] = "fla"
+m(x)
+out["switch"] = m.backend
+os.environ.pop("MIXZOO_GDN")
+
+# stacked: 3 models under vmap, the op folded into one call of 3 x 2 sequences
+from torch.func import functional_call, stack_module_state, vmap
+from mixzoo.train.vmapfold import folding
+calls = []
+fwd = DT.forward
+DT.forward = lambda q, *a: calls.append(list(q.shape)) or fwd(q, *a)
+ms = [build_mixer(get_mixer("gdn"), 32, num_heads=4, layer_idx=0, l_max=12) for _ in range(3)]
+params, bufs = stack_module_state(ms)
+x = torch.randn(3, 2, 12, 32, generator=g).requires_grad_()
+with folding():
+    y = vmap(lambda p, b, xi: functional_call(ms[0], (p, b), (xi,)))(params, bufs, x)
+n_folded = len(calls)
+got = torch.autograd.grad(y.square().sum(), [x, *params.values()])
+ref = torch.stack([mm(xi) for mm, xi in zip(ms, x)])
+want = torch.autograd.grad(ref.square().sum(), [x, *[p for mm in ms for p in mm.parameters()]])
+nparam = len(params)
+want = [want[0]] + [torch.stack(want[1 + i::nparam]) for i in range(nparam)]
+out["vmap"] = dict(calls=calls[:n_folded], backend=ms[0].backend, out=rel(y, ref),
+                   grads=max(rel(a, b) for a, b in zip(got, want)))
+print("RESULT", json.dumps(out))
+"""
+
+
+def test_recurrent_delta_rule_kernels():
+    r = run_interpreted(SCRIPT, drop=("MIXZOO_GDN",))
+    assert r.pop("usable") is True
+    assert r.pop("vs_scan") < 1e-6
+    v = r.pop("vmap")
+    assert v["calls"] == [[6, 12, 4, 8]] and v["backend"] == "triton-rec", v   # 3 models' 2 sequences, one call
+    assert v["out"] < 1e-5 and v["grads"] < 1e-4, v
+    assert r.pop("switch") == "torch-chunk"                    # MIXZOO_GDN=fla: off the kernels (fla needs a GPU)
+    for neg in (False, True):
+        lay = r.pop(f"layer neg={neg}")
+        assert lay["backends"] == ["triton-rec", "torch-chunk"], lay
+        assert lay["out"] < 1e-5 and lay["grads"] < 1e-4, lay
+    assert len(r) == 5
+    for case, res in r.items():
+        assert max(res["errs"]) <= res["tol"], (case, res)
+        assert res["inference"] == 0.0 and res["strided"] == 0.0, (case, res)
+        dt = "torch.bfloat16" if "bfloat16" in case else "torch.float32"
+        assert res["dtypes"] == [dt] * 4 + ["torch.float32"] * 2, (case, res)
+
+
+def test_off_the_gpu_gdn_keeps_its_pytorch_path():
+    import os
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("the interpreter is on in this process")
+    from mixzoo.registry import build_mixer, get_mixer
+    m = build_mixer(get_mixer("gdn"), 32, num_heads=4, layer_idx=0, l_max=16)
+    m(torch.randn(1, 16, 32))
+    assert m.backend == "torch-chunk"
