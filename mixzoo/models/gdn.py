@@ -9,8 +9,8 @@ Paths: ``torch-chunk`` (``_scan.gated_delta_chunk``, the WY/UT chunk form in pla
 CPU path and the reference), ``triton-rec`` (heads of at most 16: mixzoo's recurrent Triton scan,
 ``mixzoo.kernels.delta_rec``, one position at a time with each head's state in registers; the default
 there on a GPU, ``MIXZOO_GDN=fla`` for fla's chunk kernels instead), ``fla-chunk`` (fla's Triton
-``chunk_gated_delta_rule``, where its gated backward is trusted) and ``fla-chunk+triton-dqkwg`` / ``fla-chunk+torch-dqkwg`` (on Hopper
-with 3.4 <= Triton < 3.7.1, where fla refuses one backward kernel, ``chunk_bwd_dqkwg``: fla's
+``chunk_gated_delta_rule``, where its gated backward is trusted) and ``fla-chunk+triton-dqkwg`` /
+``fla-chunk+torch-dqkwg`` (on Hopper with 3.4 <= Triton < 3.7.1, where fla refuses one backward kernel, ``chunk_bwd_dqkwg``: fla's
 kernels run with that one step replaced by mixzoo's one-launch Triton version where it has matched
 mixzoo's batched PyTorch version on the device, else by the PyTorch version;
 ``mixzoo.kernels.fla_dqkwg``).
