@@ -1,6 +1,6 @@
 """gdn's, GLA's and MesaNet's fla paths with heads of 8 handed to fla as they are (``MIXZOO_FLA_PAD=none``)
 against padded to 16 (the default): does fla (and mixzoo's kernels on those paths) give the same layer, and
-is it faster? gdn also with mixzoo's recurrent scan (``MIXZOO_GDN=rec``, mixzoo.kernels.delta_rec) against both.
+is it faster? gdn also with mixzoo's recurrent scan (``MIXZOO_GDN=rec``, mixzoo.kernels.recurrent) against both.
 At the mad recipe's layer (width 128 in 16 heads), under bf16 autocast:
 
 * agreement: output and gradients (input and every parameter) of the unpadded layer against the padded one,
@@ -37,9 +37,10 @@ def _grads(m, x, dy, amp: bool):
     return y.detach(), x.grad, torch.cat([p.grad.flatten() for p in m.parameters() if p.grad is not None])
 
 
-# each variant's environment: fla's calls with heads padded to 16 in memory (the default), unpadded, and (gdn only)
-# mixzoo's recurrent scan instead of fla (the fla variants run with MIXZOO_GDN=fla)
-VARIANTS = {"16": {"MIXZOO_FLA_PAD": "16"}, "none": {"MIXZOO_FLA_PAD": "none"}, "rec": {"MIXZOO_GDN": "rec"}}
+# each variant's environment: fla's calls with heads padded to 16 in memory, unpadded, and (gdn and GLA) mixzoo's
+# recurrent scan instead of fla (the fla variants run with MIXZOO_GDN=fla MIXZOO_GLA_CORE=fla)
+VARIANTS = {"16": {"MIXZOO_FLA_PAD": "16"}, "none": {"MIXZOO_FLA_PAD": "none"},
+            "rec": {"MIXZOO_GDN": "rec", "MIXZOO_GLA_CORE": "rec"}}
 
 
 def one(mixer: str, lengths: list[int], B: int) -> dict:
@@ -76,6 +77,7 @@ def main(argv=None) -> int:
     ap.add_argument("--mixers", default="gdn,gla,mesa")
     ap.add_argument("--T", default="256,1024")
     ap.add_argument("--B", type=int, default=768)
+    ap.add_argument("--variants", default="16,none,rec", help="of 16, none, rec (rec: gdn and GLA only); 16 always runs")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--out")
     a = ap.parse_args(argv)
@@ -85,9 +87,10 @@ def main(argv=None) -> int:
         return 0
     rows = []
     for mixer in a.mixers.split(","):
-        variants = [v for v in VARIANTS if mixer == "gdn" or v != "rec"]
+        asked = {"16", *a.variants.split(",")}
+        variants = [v for v in VARIANTS if v in asked and (mixer in ("gdn", "gla") or v != "rec")]
         for variant in variants:
-            env = {**os.environ, **VARIANTS[variant], **({"MIXZOO_GDN": "fla"} if variant != "rec" else {})}
+            env = {**os.environ, **VARIANTS[variant], **({"MIXZOO_GDN": "fla", "MIXZOO_GLA_CORE": "fla"} if variant != "rec" else {})}
             p = subprocess.run([sys.executable, __file__, "--one", mixer, "--T", a.T, "--B", str(a.B)],
                                capture_output=True, text=True, env=env)
             got = [ln for ln in p.stdout.splitlines() if ln.startswith("ROW ")]

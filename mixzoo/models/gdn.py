@@ -7,7 +7,7 @@ I - β k kᵀ can have eigenvalue down to -1 (Grazzi et al., 2025: needed for st
 
 Paths: ``torch-chunk`` (``_scan.gated_delta_chunk``, the WY/UT chunk form in plain PyTorch; the
 CPU path and the reference), ``triton-rec`` (heads of at most 16: mixzoo's recurrent Triton scan,
-``mixzoo.kernels.delta_rec``, one position at a time with each head's state in registers; the default
+``mixzoo.kernels.recurrent``, one position at a time with each head's state in registers; the default
 there on a GPU, ``MIXZOO_GDN=fla`` for fla's chunk kernels instead), ``fla-chunk`` (fla's Triton
 ``chunk_gated_delta_rule``, where its gated backward is trusted) and ``fla-chunk+triton-dqkwg`` /
 ``fla-chunk+torch-dqkwg`` (on Hopper with 3.4 <= Triton < 3.7.1, where fla refuses one backward kernel, ``chunk_bwd_dqkwg``: fla's
@@ -18,12 +18,12 @@ mixzoo's batched PyTorch version on the device, else by the PyTorch version;
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels import recurrent
 from ..registry import register_mixer
 from . import _fla
 from ._parts import ConvAct, GatedNorm, dt_bias_init, l2norm
@@ -74,14 +74,6 @@ class GatedDeltaNet(nn.Module):
         self.o_proj = nn.Linear(d_model, d_model, bias=False)
         self.backend = "torch-chunk"
 
-    def _rec(self, x) -> bool:
-        """Whether the recurrent scan (``triton-rec``) runs: heads of at most 16, backend auto, no
-        ``MIXZOO_GDN=fla``, and the kernels matched on this device."""
-        from ..kernels import delta_rec
-        from ..kernels._check import interpreting
-        return (self.requested == "auto" and os.environ.get("MIXZOO_GDN") != "fla" and self.dh <= delta_rec.MAX_HEAD
-                and (x.is_cuda or interpreting()) and delta_rec.usable((x.device.index or 0) if x.is_cuda else -1))
-
     def _fast(self, x):
         """fla's chunk kernel and the backend name, or (None, "torch-chunk")."""
         if not x.is_cuda or self.requested == "torch":
@@ -98,12 +90,12 @@ class GatedDeltaNet(nn.Module):
         B, T, d = x.shape
         qkv, gate, a, b = self.proj(x).split([3 * d, d, self.h, self.h], dim=-1)
         qkv = self.conv(qkv)
-        if self._rec(x):
+        if self.requested == "auto" and recurrent.wanted(x, self.dh, self.dh, "MIXZOO_GDN"):
             self.backend = "triton-rec"
             q, k, v = (t.reshape(B, T, self.h, self.dh) for t in qkv.chunk(3, dim=-1))
             g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)                # (B, T, H)
             beta = b.float().sigmoid() * (2.0 if self.neg else 1.0)
-            o = _fla._op("mixzoo.kernels.delta_rec", "delta_rule_rec")(q, k, v, g, beta, self.dh ** -0.5)  # folded when stacking
+            o = _fla._op("mixzoo.kernels.recurrent", "delta_rule_rec")(q, k, v, g, beta, self.dh ** -0.5)  # folded when stacking
             return self.o_proj(self.o_norm(o.transpose(1, 2), gate))
         fast, self.backend = self._fast(x)
         if fast is not None:

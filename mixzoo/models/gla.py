@@ -3,7 +3,9 @@ key dimension, S_t = S_{t-1} diag(a_t) + v_t k_tᵀ, o_t = S_t q_t / √d_k, a_t
 from a low-rank projection (τ = 16), with a gated RMSNorm on the output. Keys are half as wide
 as values (expand_k = 0.5) as in the paper.
 
-Paths: ``fla-chunk`` (fla's Triton ``chunk_gla``, on a GPU) and ``torch-recurrent`` (fla's
+Paths: ``triton-rec`` (heads of at most 16, on a GPU: mixzoo's recurrent Triton scan,
+``mixzoo.kernels.recurrent``, one position at a time with each head's state in registers; ``MIXZOO_GLA_CORE=fla``
+for fla's chunk kernels instead), ``fla-chunk`` (fla's Triton ``chunk_gla``, on a GPU) and ``torch-recurrent`` (fla's
 plain-PyTorch recurrence, loaded by file path; the CPU path). ``fla-chunk+triton-dv``: fla's, with the
 value gradient of its backward by mixzoo's kernel (``mixzoo.kernels.gla_steps``: tiles as narrow as the
 heads, fla's precision) where it has matched its reference on the device; ``MIXZOO_GLA_DV=fla`` leaves it
@@ -16,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels import recurrent
 from ..registry import register_mixer
 from . import _fla
 from ._parts import GatedNorm
@@ -61,6 +64,10 @@ class GatedLinearAttention(nn.Module):
         bthd = lambda t: t.view(B, T, self.h, -1)
         q, k, v = bthd(self.q_proj(x)), bthd(self.k_proj(x)), bthd(self.v_proj(x))
         gk = bthd(F.logsigmoid(self.gk(x).float()) / self.tau)
+        if self.requested == "auto" and recurrent.wanted(x, q.shape[-1], v.shape[-1], "MIXZOO_GLA_CORE"):
+            self.backend = "triton-rec"
+            o = _fla._op("mixzoo.kernels.recurrent", "gla_rec")(q, k, v, gk, self.dk ** -0.5)     # folded when stacking
+            return self.o_proj(self.o_norm(o.transpose(1, 2), self.g_proj(x)))
         fast = self._fast(x)
         if fast is not None:
             D = v.shape[-1]

@@ -92,6 +92,7 @@ def test_gla_layer_with_the_kernels(monkeypatch):
     m = build_mixer(get_mixer("gla"), 128, num_heads=16, layer_idx=0, l_max=1024).cuda()
     x = torch.randn(16, 1024, 128, device="cuda")
     res = {}
+    monkeypatch.setenv("MIXZOO_GLA_CORE", "fla")      # GLA's narrow heads otherwise take the recurrent scan
     for dv, dqkg, o in (("fla", "fla", "fla"), ("triton", "fla", "fla"), ("triton", "triton", "triton")):
         monkeypatch.setenv("MIXZOO_GLA_DV", dv)
         monkeypatch.setenv("MIXZOO_GLA_DQKG", dqkg)

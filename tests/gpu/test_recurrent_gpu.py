@@ -1,4 +1,4 @@
-"""gdn's recurrent scan (mixzoo.kernels.delta_rec, backend ``triton-rec``) on the GPU: its device self-check, and the
+"""gdn's recurrent scan (mixzoo.kernels.recurrent, backend ``triton-rec``) on the GPU: its device self-check, and the
 mad recipe's layer (16 heads of 8) under bf16 autocast against the float64 torch-chunk path beside fla's chunk path
 (``MIXZOO_GDN=fla``): the scan's errors must be no worse than fla's, at lengths 256 and 2048 (MAD's hardest)."""
 from __future__ import annotations
@@ -12,19 +12,24 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def test_self_check_on_the_device():
-    from mixzoo.kernels import delta_rec
-    assert delta_rec.usable(torch.cuda.current_device())
+    from mixzoo.kernels import recurrent
+    assert recurrent.usable(torch.cuda.current_device())
 
 
 def _rel(a, b):
     return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
 
 
-@pytest.mark.parametrize("T,neg", [(256, False), (256, True), (2048, False)])
-def test_mad_layer_against_float64_beside_fla(T, neg, monkeypatch):
+SWITCH = {"gdn": "MIXZOO_GDN", "gla": "MIXZOO_GLA_CORE"}
+
+
+@pytest.mark.parametrize("name,T,neg", [("gdn", 256, False), ("gdn", 256, True), ("gdn", 2048, False),
+                                        ("gla", 256, False), ("gla", 2048, False)])
+def test_mad_layer_against_float64_beside_fla(name, T, neg, monkeypatch):
     from mixzoo.registry import build_mixer, get_mixer
     torch.manual_seed(0)
-    m = build_mixer(get_mixer("gdn"), 128, num_heads=16, layer_idx=0, l_max=T, allow_neg_eigval=neg).cuda()
+    knobs = {"allow_neg_eigval": True} if neg else {}
+    m = build_mixer(get_mixer(name), 128, num_heads=16, layer_idx=0, l_max=T, **knobs).cuda()
     ref = copy.deepcopy(m).double()
     ref.requested = "torch"
     g = torch.Generator(device="cuda").manual_seed(1)
@@ -42,10 +47,10 @@ def test_mad_layer_against_float64_beside_fla(T, neg, monkeypatch):
     _, want = run(ref, x.double(), False)
     errs = {}
     for path in ("rec", "fla"):
-        monkeypatch.setenv("MIXZOO_GDN", path)
+        monkeypatch.setenv(SWITCH[name], path)
         backend, got = run(m, x, True)
         errs[path] = (backend, [_rel(a, b) for a, b in zip(got, [w.to(dy.dtype) for w in want])])
-    print(T, neg, errs)
+    print(name, T, neg, errs)
     assert errs["rec"][0] == "triton-rec" and errs["fla"][0].startswith("fla-chunk"), errs
     for e_rec, e_fla in zip(errs["rec"][1], errs["fla"][1]):
         assert e_rec <= 1.5 * e_fla + 2e-3, errs

@@ -1,4 +1,4 @@
-"""The Triton kernels behind ``mixzoo.kernels.delta_rec`` (imported only when they are to run).
+"""The Triton kernels behind ``mixzoo.kernels.recurrent`` (imported only when they are to run).
 
 One program per (sequence, block of BH heads) walks the sequence one position at a time with the BH states
 (BV x BK each, float32) in registers: at a head of 8 a state is 64 floats, so a step is a few hundred flops for
@@ -15,7 +15,12 @@ S_{t-1} read back from ``states``:
     G = dS + scale · do q̂ᵀ,  dq̂ = scale · S_tᵀ do,  u = v - a S_{t-1} k̂,  du = β G k̂ (= dv),
     dβ = uᵀ G k̂,  dk̂ = β Gᵀ u - a S_{t-1}ᵀ du,  da = <G, S_{t-1}> - duᵀ S_{t-1} k̂,  dg = a · da,
     dS ← a (G - du k̂ᵀ),
-then the L2 norm's backward, dq = (dq̂ - q̂ (q̂·dq̂)) / ‖q‖ (dq̂ / eps where ‖q‖ <= eps), likewise dk."""
+then the L2 norm's backward, dq = (dq̂ - q̂ (q̂·dq̂)) / ‖q‖ (dq̂ / eps where ‖q‖ <= eps), likewise dk.
+
+GLA (``_gla_fwd_kernel``, ``_gla_bwd_kernel``), a log-decay per key dimension g (B, T, H, DK):
+    S ← S diag(exp g) + v kᵀ,  o = scale · S q;
+backwards, with P = S_{t-1}:  G = dS + scale · do qᵀ,  dq = scale · S_tᵀ do,  dv = G k,  dk = Gᵀ v,
+    dg = exp(g) ⊙ colsum(G ⊙ P),  dS ← G diag(exp g)."""
 from __future__ import annotations
 
 import torch
@@ -136,6 +141,80 @@ def _bwd_kernel(q, k, v, g, beta, do, states, dq, dk, dv, dg, dbeta, T, H,
         t -= 1
 
 
+@triton.jit
+def _gla_fwd_kernel(q, k, v, g, o, states, T, H,
+                    sqb, sqt, sqh, sqd, skb, skt, skh, skd, svb, svt, svh, svd, sgb, sgt, sgh, sgd,
+                    scale,
+                    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BH: tl.constexpr,
+                    STORE: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BH + tl.arange(0, BH)
+    ik, iv = tl.arange(0, BK), tl.arange(0, BV)
+    mh = h < H
+    mk = mh[:, None] & (ik < DK)[None, :]
+    mv = mh[:, None] & (iv < DV)[None, :]
+    ms = mv[:, :, None] & (ik < DK)[None, None, :]
+    qp = q + b * sqb + h[:, None] * sqh + ik[None, :] * sqd
+    kp = k + b * skb + h[:, None] * skh + ik[None, :] * skd
+    vp = v + b * svb + h[:, None] * svh + iv[None, :] * svd
+    gp = g + b * sgb + h[:, None] * sgh + ik[None, :] * sgd
+    op = o + b * T * H * DV + h[:, None] * DV + iv[None, :]
+    sp = states + b * T * H * DV * DK + (h[:, None, None] * DV + iv[None, :, None]) * DK + ik[None, None, :]
+    S = tl.zeros([BH, BV, BK], tl.float32)
+    t = T * 0
+    while t < T:
+        qt = tl.load(qp + t * sqt, mask=mk, other=0.).to(tl.float32)
+        kt = tl.load(kp + t * skt, mask=mk, other=0.).to(tl.float32)
+        vt = tl.load(vp + t * svt, mask=mv, other=0.).to(tl.float32)
+        a = tl.exp(tl.load(gp + t * sgt, mask=mk, other=0.).to(tl.float32))
+        S = S * a[:, None, :] + vt[:, :, None] * kt[:, None, :]
+        ot = tl.sum(S * qt[:, None, :], 2) * scale
+        tl.store(op + t * H * DV, ot.to(o.dtype.element_ty), mask=mv)
+        if STORE:
+            tl.store(sp + t * H * DV * DK, S, mask=ms)
+        t += 1
+
+
+@triton.jit
+def _gla_bwd_kernel(q, k, v, g, do, states, dq, dk, dv, dg, T, H,
+                    sqb, sqt, sqh, sqd, skb, skt, skh, skd, svb, svt, svh, svd, sgb, sgt, sgh, sgd,
+                    scale,
+                    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BH: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1) * BH + tl.arange(0, BH)
+    ik, iv = tl.arange(0, BK), tl.arange(0, BV)
+    mh = h < H
+    mk = mh[:, None] & (ik < DK)[None, :]
+    mv = mh[:, None] & (iv < DV)[None, :]
+    ms = mv[:, :, None] & (ik < DK)[None, None, :]
+    qp = q + b * sqb + h[:, None] * sqh + ik[None, :] * sqd
+    kp = k + b * skb + h[:, None] * skh + ik[None, :] * skd
+    vp = v + b * svb + h[:, None] * svh + iv[None, :] * svd
+    gp = g + b * sgb + h[:, None] * sgh + ik[None, :] * sgd
+    # do, dq, dk, dv, dg: contiguous (B, T, H, D)
+    kvo = b * T * H * DV + h[:, None] * DV + iv[None, :]
+    kko = b * T * H * DK + h[:, None] * DK + ik[None, :]
+    sp = states + b * T * H * DV * DK + (h[:, None, None] * DV + iv[None, :, None]) * DK + ik[None, None, :]
+    S = tl.load(sp + (T - 1) * H * DV * DK, mask=ms, other=0.)
+    dS = tl.zeros([BH, BV, BK], tl.float32)
+    t = T - 1
+    while t >= 0:
+        qt = tl.load(qp + t * sqt, mask=mk, other=0.).to(tl.float32)
+        kt = tl.load(kp + t * skt, mask=mk, other=0.).to(tl.float32)
+        vt = tl.load(vp + t * svt, mask=mv, other=0.).to(tl.float32)
+        a = tl.exp(tl.load(gp + t * sgt, mask=mk, other=0.).to(tl.float32))
+        dot = tl.load(do + kvo + t * H * DV, mask=mv, other=0.).to(tl.float32)
+        P = tl.load(sp + (t - 1) * H * DV * DK, mask=ms & (t > 0), other=0.)
+        G = dS + (scale * dot)[:, :, None] * qt[:, None, :]
+        tl.store(dq + kko + t * H * DK, (scale * tl.sum(S * dot[:, :, None], 1)).to(dq.dtype.element_ty), mask=mk)
+        tl.store(dk + kko + t * H * DK, tl.sum(G * vt[:, :, None], 1).to(dk.dtype.element_ty), mask=mk)
+        tl.store(dv + kvo + t * H * DV, tl.sum(G * kt[:, None, :], 2).to(dv.dtype.element_ty), mask=mv)
+        tl.store(dg + kko + t * H * DK, (a * tl.sum(G * P, 1)).to(dg.dtype.element_ty), mask=mk)
+        dS = G * a[:, None, :]
+        S = P
+        t -= 1
+
+
 def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
@@ -147,7 +226,7 @@ def _tiling(H: int, DK: int, DV: int) -> tuple[int, int, int, int]:
     return BK, BV, BH, 4 if BH * BK * BV >= 1024 else 2
 
 
-def forward(q, k, v, g, beta, scale: float, eps: float, l2: bool, store: bool):
+def delta_forward(q, k, v, g, beta, scale: float, eps: float, l2: bool, store: bool):
     """o (B, T, H, DV) in q's dtype, and the states (B, T, H, DV, DK) float32 where ``store``."""
     B, T, H, DK = q.shape
     DV = v.shape[-1]
@@ -160,7 +239,7 @@ def forward(q, k, v, g, beta, scale: float, eps: float, l2: bool, store: bool):
     return o, states
 
 
-def backward(q, k, v, g, beta, states, do, scale: float, eps: float, l2: bool):
+def delta_backward(q, k, v, g, beta, states, do, scale: float, eps: float, l2: bool):
     """dq, dk, dv (in q's, k's, v's dtypes), dg (float32), dβ (β's dtype)."""
     B, T, H, DK = q.shape
     DV = v.shape[-1]
@@ -176,3 +255,32 @@ def backward(q, k, v, g, beta, states, do, scale: float, eps: float, l2: bool):
         *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(),
         float(scale), float(eps), DK=DK, DV=DV, BK=BK, BV=BV, BH=BH, L2=l2, num_warps=w)
     return dq, dk, dv, dg, db
+
+
+def gla_forward(q, k, v, g, scale: float, store: bool):
+    """o (B, T, H, DV) in q's dtype, and the states (B, T, H, DV, DK) float32 where ``store``."""
+    B, T, H, DK = q.shape
+    DV = v.shape[-1]
+    o = torch.empty(B, T, H, DV, dtype=q.dtype, device=q.device)
+    states = torch.empty((B, T, H, DV, DK) if store else (1,), dtype=torch.float32, device=q.device)
+    BK, BV, BH, w = _tiling(H, DK, DV)
+    _gla_fwd_kernel[(B, triton.cdiv(H, BH))](
+        q, k, v, g, o, states, T, H, *q.stride(), *k.stride(), *v.stride(), *g.stride(),
+        float(scale), DK=DK, DV=DV, BK=BK, BV=BV, BH=BH, STORE=store, num_warps=w)
+    return o, states
+
+
+def gla_backward(q, k, v, g, states, do, scale: float):
+    """dq, dk, dv (in q's, k's, v's dtypes), dg (g's dtype)."""
+    B, T, H, DK = q.shape
+    DV = v.shape[-1]
+    do = do.contiguous()
+    dq = torch.empty(B, T, H, DK, dtype=q.dtype, device=q.device)
+    dk = torch.empty(B, T, H, DK, dtype=k.dtype, device=q.device)
+    dv = torch.empty(B, T, H, DV, dtype=v.dtype, device=q.device)
+    dg = torch.empty(B, T, H, DK, dtype=g.dtype, device=q.device)
+    BK, BV, BH, w = _tiling(H, DK, DV)
+    _gla_bwd_kernel[(B, triton.cdiv(H, BH))](
+        q, k, v, g, do, states, dq, dk, dv, dg, T, H, *q.stride(), *k.stride(), *v.stride(), *g.stride(),
+        float(scale), DK=DK, DV=DV, BK=BK, BV=BV, BH=BH, num_warps=w)
+    return dq, dk, dv, dg

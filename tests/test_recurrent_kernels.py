@@ -1,4 +1,4 @@
-"""mixzoo.kernels.delta_rec: the gated delta rule as a recurrent Triton scan at narrow heads (gdn's ``triton-rec``),
+"""mixzoo.kernels.recurrent: the gated delta rule as a recurrent Triton scan at narrow heads (gdn's ``triton-rec``),
 on the CPU in Triton's interpreter (a fresh process: the interpreter is switched on before triton is imported):
 the kernels against the float64 step-by-step reference (output and every gradient), the reference against
 ``_scan``'s recurrence, the gdn layer on the kernels against its torch-chunk path, folded under vmap (K models'
@@ -9,7 +9,7 @@ from interp import run_interpreted
 
 SCRIPT = r"""
 import torch.nn.functional as F
-from mixzoo.kernels import delta_rec as D, delta_rec_triton as DT
+from mixzoo.kernels import recurrent as D, recurrent_triton as DT
 from mixzoo.models._scan import gated_delta_recurrent
 g = torch.Generator().manual_seed(0)
 rel = lambda a, b: float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
@@ -42,12 +42,32 @@ for B, T, H, DK, DV, dt, l2 in ((2, 37, 3, 8, 8, "float32", True), (1, 9, 20, 8,
         tol=2e-2 if dt == torch.bfloat16 else 1e-5, dtypes=[str(t.dtype) for t in (got, *gots)],
         errs=[rel(a, r) for a, r in zip((got, *gots), (want, *wants))],
         inference=float((inference - got).abs().max()), strided=float((strided - got).abs().max()))
+    # GLA at the same sizes (no norm; log-decays per key dimension)
+    gk = -torch.rand(B, T, H, DK, generator=g) * 0.5
+    ins = [t.double().requires_grad_() for t in (q, k, v, gk)]
+    want = D.gla_rec_torch(*ins, 0.35)
+    wants = torch.autograd.grad(want, ins, do.double())
+    got_ins = [t.to(dt).requires_grad_() for t in (q, k, v)] + [gk.clone().requires_grad_()]
+    got = D.gla_rec(*got_ins, 0.35)
+    gots = torch.autograd.grad(got, got_ins, do.to(dt))
+    with torch.no_grad():
+        inference = D.gla_rec(*got_ins, 0.35)
+    out["gla " + str((B, T, H, DK, DV, str(dt)))] = dict(
+        tol=2e-2 if dt == torch.bfloat16 else 1e-5, dtypes=[str(t.dtype) for t in (got, *gots)],
+        errs=[rel(a, r) for a, r in zip((got, *gots), (want, *wants))],
+        inference=float((inference - got).abs().max()), strided=0.0)
 # the reference against _scan's recurrence ((B, H, T, D) layout, q and k normalized outside)
 q, k, v = (torch.randn(2, 30, 3, 8, generator=g, dtype=torch.float64) for _ in range(3))
 gg, beta = -torch.rand(2, 30, 3, generator=g, dtype=torch.float64), torch.rand(2, 30, 3, generator=g, dtype=torch.float64)
 tt = lambda x: x.transpose(1, 2)
 out["vs_scan"] = float((D.delta_rule_rec_torch(q, k, v, gg, beta, 0.3) - tt(gated_delta_recurrent(
     tt(F.normalize(q, dim=-1)), tt(F.normalize(k, dim=-1)), tt(v), tt(gg), tt(beta), scale=0.3))).abs().max())
+
+from mixzoo.models._fla import naive
+fla_gla = naive("gla", "naive_recurrent_gla")
+gk = -torch.rand(2, 30, 3, 8, generator=g, dtype=torch.float64)
+out["gla_vs_fla"] = None if fla_gla is None else float(
+    (D.gla_rec_torch(q, k, v, gk, 8 ** -0.5) - fla_gla(q, k, v, gk)[0]).abs().max())     # both (B, T, H, D)
 
 # the gdn layer (4 heads of 8) on the kernels against its torch-chunk path, float32, β in [0, 1] and [0, 2]
 from mixzoo.registry import build_mixer, get_mixer
@@ -69,13 +89,32 @@ os.environ["MIXZOO_GDN"] = "fla"
 m(x)
 out["switch"] = m.backend
 os.environ.pop("MIXZOO_GDN")
+# the GLA layer (4 heads: keys of 4, values of 8) against its torch-recurrent path (fla's reference)
+if fla_gla is not None:
+    torch.manual_seed(0)
+    m = build_mixer(get_mixer("gla"), 32, num_heads=4, layer_idx=0, l_max=40)
+    ref = build_mixer(get_mixer("gla"), 32, num_heads=4, layer_idx=0, l_max=40, backend="torch")
+    ref.load_state_dict(m.state_dict())
+    x = torch.randn(2, 40, 32, generator=g)
+    res = {}
+    for name, mod in (("rec", m), ("ref", ref)):
+        xx = x.clone().requires_grad_()
+        y = mod(xx)
+        grads = torch.autograd.grad(y.square().sum(), [xx, *mod.parameters()])
+        res[name] = (mod.backend, y, grads)
+    out["gla layer"] = dict(backends=[res["rec"][0], res["ref"][0]], out=rel(res["rec"][1], res["ref"][1]),
+                            grads=max(rel(a, b) for a, b in zip(res["rec"][2], res["ref"][2])))
+    os.environ["MIXZOO_GLA_CORE"] = "fla"
+    m(x)
+    out["gla switch"] = m.backend
+    os.environ.pop("MIXZOO_GLA_CORE")
 
 # stacked: 3 models under vmap, the op folded into one call of 3 x 2 sequences
 from torch.func import functional_call, stack_module_state, vmap
 from mixzoo.train.vmapfold import folding
 calls = []
-fwd = DT.forward
-DT.forward = lambda q, *a: calls.append(list(q.shape)) or fwd(q, *a)
+fwd = DT.delta_forward
+DT.delta_forward = lambda q, *a: calls.append(list(q.shape)) or fwd(q, *a)
 ms = [build_mixer(get_mixer("gdn"), 32, num_heads=4, layer_idx=0, l_max=12) for _ in range(3)]
 params, bufs = stack_module_state(ms)
 x = torch.randn(3, 2, 12, 32, generator=g).requires_grad_()
@@ -89,6 +128,22 @@ nparam = len(params)
 want = [want[0]] + [torch.stack(want[1 + i::nparam]) for i in range(nparam)]
 out["vmap"] = dict(calls=calls[:n_folded], backend=ms[0].backend, out=rel(y, ref),
                    grads=max(rel(a, b) for a, b in zip(got, want)))
+if fla_gla is not None:                     # GLA's scan folded likewise
+    calls.clear()
+    gfwd = DT.gla_forward
+    DT.gla_forward = lambda q, *a: calls.append(list(q.shape)) or gfwd(q, *a)
+    ms = [build_mixer(get_mixer("gla"), 32, num_heads=4, layer_idx=0, l_max=12) for _ in range(3)]
+    params, bufs = stack_module_state(ms)
+    with folding():
+        y = vmap(lambda p, b, xi: functional_call(ms[0], (p, b), (xi,)))(params, bufs, x)
+    n_folded = len(calls)
+    got = torch.autograd.grad(y.square().sum(), [x, *params.values()])
+    ref = torch.stack([mm(xi) for mm, xi in zip(ms, x)])
+    want = torch.autograd.grad(ref.square().sum(), [x, *[p for mm in ms for p in mm.parameters()]])
+    nparam = len(params)
+    want = [want[0]] + [torch.stack(want[1 + i::nparam]) for i in range(nparam)]
+    out["gla vmap"] = dict(calls=calls[:n_folded], backend=ms[0].backend, out=rel(y, ref),
+                           grads=max(rel(a, b) for a, b in zip(got, want)))
 print("RESULT", json.dumps(out))
 """
 
@@ -101,16 +156,28 @@ def test_recurrent_delta_rule_kernels():
     assert v["calls"] == [[6, 12, 4, 8]] and v["backend"] == "triton-rec", v   # 3 models' 2 sequences, one call
     assert v["out"] < 1e-5 and v["grads"] < 1e-4, v
     assert r.pop("switch") == "torch-chunk"                    # MIXZOO_GDN=fla: off the kernels (fla needs a GPU)
+    gla_vs_fla = r.pop("gla_vs_fla")
+    if gla_vs_fla is None:
+        pytest.skip("fla not installed: GLA's reference path")
+    assert gla_vs_fla < 1e-5                                  # fla computes in float32
+    v = r.pop("gla vmap")
+    assert v["calls"] == [[6, 12, 4, 4]] and v["backend"] == "triton-rec", v
+    assert v["out"] < 1e-5 and v["grads"] < 1e-4, v
+    lay = r.pop("gla layer")
+    assert lay["backends"] == ["triton-rec", "torch-recurrent"], lay
+    assert lay["out"] < 1e-5 and lay["grads"] < 1e-4, lay
+    assert r.pop("gla switch") == "torch-recurrent"            # MIXZOO_GLA_CORE=fla: off the kernels
     for neg in (False, True):
         lay = r.pop(f"layer neg={neg}")
         assert lay["backends"] == ["triton-rec", "torch-chunk"], lay
         assert lay["out"] < 1e-5 and lay["grads"] < 1e-4, lay
-    assert len(r) == 5
+    assert len(r) == 10
     for case, res in r.items():
         assert max(res["errs"]) <= res["tol"], (case, res)
         assert res["inference"] == 0.0 and res["strided"] == 0.0, (case, res)
         dt = "torch.bfloat16" if "bfloat16" in case else "torch.float32"
-        assert res["dtypes"] == [dt] * 4 + ["torch.float32"] * 2, (case, res)
+        n_f32 = 1 if case.startswith("gla") else 2               # GLA's dg; the delta rule's dg and dβ
+        assert res["dtypes"] == [dt] * 4 + ["torch.float32"] * n_f32, (case, res)
 
 
 def test_off_the_gpu_gdn_keeps_its_pytorch_path():

@@ -1,4 +1,6 @@
-"""The gated delta rule at narrow heads as a recurrent scan, one position at a time (delta_rec_triton):
+"""Recurrent scans at narrow heads, one position at a time (recurrent_triton): gdn's gated delta rule and GLA.
+
+The gated delta rule (``delta_rule_rec``):
 
     S_t = a_t S_{t-1} (I - β_t k̂_t k̂_tᵀ) + β_t v_t k̂_tᵀ,   o_t = scale · S_t q̂_t,   a_t = exp(g_t),
 
@@ -9,13 +11,18 @@ head is 64 floats in registers, a program walks its sequence once forward and on
 reads each step's state back from the forward's (``states``, B·T·H·DV·DK float32: 3.2 GB a layer at 768
 sequences of 1024 with 16 heads of 8).
 
-``delta_rule_rec_torch`` is the reference: the same recurrence, step by step in PyTorch (float32, float64 for
-float64 inputs), differentiated by autograd. ``delta_rule_rec`` runs the kernels for CUDA tensors (or under
-Triton's interpreter) once they have matched it on that device (``usable``), else the reference. Its arguments
-all carry the batch, so under stacking (``mixzoo.train.vmapfold``) the K models fold into the batch. Imports
-nothing of mixzoo.
+GLA (``gla_rec``): S_t = S_{t-1} diag(exp g_t) + v_t k_tᵀ, o_t = scale · S_t q_t, with a log-decay per key
+dimension; GLA's keys of 4 and values of 8 at the mad recipe went to fla padded to 16 likewise.
+
+``delta_rule_rec_torch`` and ``gla_rec_torch`` are the references: the same recurrences, step by step in PyTorch
+(float32, float64 for float64 inputs), differentiated by autograd. ``delta_rule_rec`` and ``gla_rec`` run the
+kernels for CUDA tensors (or under Triton's interpreter) once they have matched the references on that device
+(``usable``), else the references. Their arguments all carry the batch, so under stacking
+(``mixzoo.train.vmapfold``) the K models fold into the batch. Imports nothing of mixzoo.
 """
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
@@ -50,9 +57,9 @@ def delta_rule_rec_torch(q, k, v, g, beta, scale: float, l2norm: bool = True) ->
 class _Rec(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, beta, scale, l2norm):
-        from . import delta_rec_triton as K
+        from . import recurrent_triton as K
         store = any(ctx.needs_input_grad[:5])
-        o, states = K.forward(q, k, v, g, beta, scale, EPS, l2norm, store)
+        o, states = K.delta_forward(q, k, v, g, beta, scale, EPS, l2norm, store)
         if store:
             ctx.save_for_backward(q, k, v, g, beta, states)
         ctx.scale, ctx.l2norm = scale, l2norm
@@ -60,16 +67,57 @@ class _Rec(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do):
-        from . import delta_rec_triton as K
+        from . import recurrent_triton as K
         q, k, v, g, beta, states = ctx.saved_tensors
-        dq, dk, dv, dg, db = K.backward(q, k, v, g, beta, states, do, ctx.scale, EPS, ctx.l2norm)
+        dq, dk, dv, dg, db = K.delta_backward(q, k, v, g, beta, states, do, ctx.scale, EPS, ctx.l2norm)
         return dq, dk, dv, dg.to(g.dtype), db, None, None
 
 
+def gla_rec_torch(q, k, v, g, scale: float) -> torch.Tensor:
+    """q, k, g (B, T, H, DK), v (B, T, H, DV) -> o (B, T, H, DV) in q's dtype; computed in float32 (float64 for
+    float64 q)."""
+    out_dtype = q.dtype
+    cdt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    q, k, v, g = (t.to(cdt) for t in (q, k, v, g))
+    B, T, H, DK = q.shape
+    S = q.new_zeros(B, H, v.shape[-1], DK)
+    out = []
+    for t in range(T):
+        S = S * g[:, t].exp().unsqueeze(-2) + v[:, t].unsqueeze(-1) * k[:, t].unsqueeze(-2)
+        out.append((S @ q[:, t].unsqueeze(-1)).squeeze(-1) * scale)
+    return torch.stack(out, 1).to(out_dtype)
+
+
+class _GlaRec(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, scale):
+        from . import recurrent_triton as K
+        store = any(ctx.needs_input_grad[:4])
+        o, states = K.gla_forward(q, k, v, g, scale, store)
+        if store:
+            ctx.save_for_backward(q, k, v, g, states)
+        ctx.scale = scale
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        from . import recurrent_triton as K
+        q, k, v, g, states = ctx.saved_tensors
+        return (*K.gla_backward(q, k, v, g, states, do, ctx.scale), None)
+
+
 def runs_on(q: torch.Tensor, v: torch.Tensor) -> bool:
-    """Whether ``delta_rule_rec`` takes the kernels for these heads on q's device."""
+    """Whether ``delta_rule_rec`` and ``gla_rec`` take the kernels for these heads on q's device."""
     return ((q.is_cuda or interpreting()) and q.shape[-1] <= MAX_HEAD and v.shape[-1] <= MAX_HEAD
             and not torch.compiler.is_compiling() and usable((q.device.index or 0) if q.is_cuda else -1))
+
+
+def wanted(x: torch.Tensor, dk: int, dv: int, switch: str) -> bool:
+    """Whether a layer on x with key and value heads of dk, dv takes the scans: heads of at most ``MAX_HEAD``, the
+    named switch (``MIXZOO_GDN``, ``MIXZOO_GLA_CORE``) not ``fla``, a CUDA tensor (or the interpreter), and the
+    kernels matched on its device."""
+    return (os.environ.get(switch) != "fla" and dk <= MAX_HEAD and dv <= MAX_HEAD and (x.is_cuda or interpreting())
+            and not torch.compiler.is_compiling() and usable((x.device.index or 0) if x.is_cuda else -1))
 
 
 def delta_rule_rec(q, k, v, g, beta, scale: float, l2norm: bool = True) -> torch.Tensor:
@@ -82,10 +130,19 @@ def delta_rule_rec(q, k, v, g, beta, scale: float, l2norm: bool = True) -> torch
     return _Rec.apply(q, k, v, g, beta, float(scale), bool(l2norm))
 
 
+def gla_rec(q, k, v, g, scale: float) -> torch.Tensor:
+    """The kernels where ``runs_on``, else the reference (same signature as ``gla_rec_torch``)."""
+    if not runs_on(q, v):
+        return gla_rec_torch(q, k, v, g, scale)
+    from . import RAN
+    RAN.add("gla_rec")
+    return _GlaRec.apply(q, k, v, g, float(scale))
+
+
 def usable(device_index: int = 0) -> bool:
-    """Whether the kernels give the reference's output and gradients on this device (-1: the interpreter),
-    checked once: float32 and bf16 inputs, a head block that is not full (3 heads), heads of 8 and a 4 x 8
-    head, with and without the L2 norm, a length of 37."""
+    """Whether the kernels give the references' outputs and gradients on this device (-1: the interpreter),
+    checked once: float32 and bf16 inputs, a head block that is not full (3 heads), heads of 8 and 4 x 8 heads,
+    the delta rule with and without the L2 norm, a length of 37."""
     return _USABLE(device_index)
 
 
@@ -107,6 +164,16 @@ def _matches_here(device_index: int) -> bool:
         wants = torch.autograd.grad(want, ins, do.double())
         got_ins = [t.to(dt).to(dev).requires_grad_() for t in (q, k, v)] + [t.to(dev).requires_grad_() for t in (g, beta)]
         got = _Rec.apply(*got_ins, 0.35, l2)
+        gots = torch.autograd.grad(got, got_ins, do.to(dt).to(dev))
+        if not all(matches(a, ref, tol) for a, ref in [(got, want.detach()), *zip(gots, wants)]):
+            return False
+        # GLA at the same sizes, log-decays per key dimension
+        gk = -torch.rand(B, T, H, DK, generator=gen) * 0.5
+        ins = [t.double().requires_grad_() for t in (q, k, v, gk)]
+        want = gla_rec_torch(*ins, 0.35)
+        wants = torch.autograd.grad(want, ins, do.double())
+        got_ins = [t.to(dt).to(dev).requires_grad_() for t in (q, k, v)] + [gk.to(dev).requires_grad_()]
+        got = _GlaRec.apply(*got_ins, 0.35)
         gots = torch.autograd.grad(got, got_ins, do.to(dt).to(dev))
         if not all(matches(a, ref, tol) for a, ref in [(got, want.detach()), *zip(gots, wants)]):
             return False
