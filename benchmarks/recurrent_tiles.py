@@ -1,7 +1,7 @@
-"""Tilings of the recurrent scans (mixzoo.kernels.recurrent_triton): heads per program, warps, and whether a program
-loads the next position's inputs while it computes this one's (prefetch). The scans walk 1024 positions one after
-another, so a step's latency, not the memory traffic, sets their time (on the H200, 2026-12-05, GLA's forward took
-1.9 ms at 128 sequences and 2.3 ms at 768).
+"""Tilings of the recurrent scans (mixzoo.kernels.recurrent_triton): heads per program and warps. The scans walk 1024
+positions one after another, so a step's latency, not the memory traffic, sets their time (on the H200,
+2026-12-05, GLA's forward took 1.9 ms at 128 sequences and 2.3 ms at 768): fewer heads and warps a program make
+more, smaller programs whose reductions stay inside a warp.
 
 At the mad recipe's layers (16 heads; gdn's of 8, GLA's keys of 4 and values of 8), batch 768 (six stacked models
 of 128), lengths 1024 and 256, bf16 inputs as the layers hand them: each tiling's forward (states kept) and
@@ -20,16 +20,15 @@ import torch
 
 
 def candidates(H: int, DK: int, DV: int):
-    """Distinct (floats, warps, prefetch) tilings, by the (heads, warps) they give."""
+    """Distinct (floats, warps) tilings, by the (heads, warps) they give."""
     from mixzoo.kernels.recurrent_triton import _tiling
     seen, out = set(), []
     for floats in (64, 128, 256, 512, 1024):
         for warps in (1, 2, 4):
-            for pf in (False, True):
-                _, _, BH, w, p = _tiling(H, DK, DV, (floats, warps, pf))
-                if (BH, w, p) not in seen:
-                    seen.add((BH, w, p))
-                    out.append(((floats, warps, pf), (BH, w, p)))
+            _, _, BH, w = _tiling(H, DK, DV, (floats, warps))
+            if (BH, w) not in seen:
+                seen.add((BH, w))
+                out.append(((floats, warps), (BH, w)))
     return out
 
 
@@ -63,16 +62,16 @@ def main(argv=None) -> int:
                 bwd = lambda st, tiles: K.gla_backward(q, k, v, g, st, do, 0.35, tiles)  # noqa: E731
             o0, st0 = fwd(None)
             ref = [o0, *bwd(st0, None)]
-            for tiles, (BH, w, pf) in candidates(H, DK, DV):
+            for tiles, (BH, w) in candidates(H, DK, DV):
                 o, st = fwd(tiles)
                 got = [o, *bwd(st, tiles)]
                 diff = max(float((x.double() - y.double()).norm() / y.double().norm()) for x, y in zip(got, ref))
                 del st
                 t_f = triton.testing.do_bench(lambda tiles=tiles: fwd(tiles), warmup=10, rep=60, return_mode="median")
                 t_b = triton.testing.do_bench(lambda tiles=tiles: bwd(st0, tiles), warmup=10, rep=60, return_mode="median")
-                row = dict(op=op, T=T, B=B, H=H, DK=DK, DV=DV, tiles=list(tiles), heads=BH, warps=w, prefetch=pf,
+                row = dict(op=op, T=T, B=B, H=H, DK=DK, DV=DV, tiles=list(tiles), heads=BH, warps=w,
                            fwd_ms=t_f, bwd_ms=t_b, total_ms=t_f + t_b, rel_diff_vs_default=diff,
-                           default=(BH, w, pf) == K._tiling(H, DK, DV)[2:])
+                           default=(BH, w) == K._tiling(H, DK, DV)[2:])
                 rows.append(row)
                 print(json.dumps(row), flush=True)
             del st0
@@ -84,7 +83,7 @@ def main(argv=None) -> int:
     default = {f"{r['op']} T{r['T']}": r for r in rows if r["default"]}
     for key, r in best.items():
         d = default.get(key)
-        print(f"{key}: best {r['tiles']} (heads {r['heads']}, warps {r['warps']}, prefetch {r['prefetch']}) "
+        print(f"{key}: best {r['tiles']} (heads {r['heads']}, warps {r['warps']}) "
               f"fwd {r['fwd_ms']:.3f} bwd {r['bwd_ms']:.3f} ms" +
               (f"; default {d['fwd_ms']:.3f} / {d['bwd_ms']:.3f} ms" if d else ""))
     if a.out:
