@@ -141,8 +141,8 @@ def gla_rec(q, k, v, g, scale: float) -> torch.Tensor:
 
 def usable(device_index: int = 0) -> bool:
     """Whether the kernels give the references' outputs and gradients on this device (-1: the interpreter),
-    checked once: float32 and bf16 inputs, a head block that is not full (3 heads), heads of 8 and 4 x 8 heads,
-    the delta rule with and without the L2 norm, a length of 37."""
+    checked once: float32 and bf16 inputs, head blocks that are not full (3 heads; 5 heads of 16 in blocks of 4),
+    heads of 8, 4 x 8 and 16 (``MAX_HEAD``), the delta rule with and without the L2 norm, lengths of 37 and 19."""
     return _USABLE(device_index)
 
 
@@ -151,7 +151,8 @@ def _matches_here(device_index: int) -> bool:
     gen = torch.Generator(device="cpu").manual_seed(0)
     for dt, tol, (B, T, H, DK, DV), l2 in ((torch.float32, 1e-4, (2, 37, 3, 8, 8), True),
                                            (torch.bfloat16, 2e-2, (2, 37, 3, 8, 8), True),
-                                           (torch.float32, 1e-4, (1, 37, 2, 4, 8), False)):
+                                           (torch.float32, 1e-4, (1, 37, 2, 4, 8), False),
+                                           (torch.float32, 1e-4, (1, 19, 5, 16, 16), True)):
         q, k = (torch.randn(B, T, H, DK, generator=gen) for _ in range(2))
         v = torch.randn(B, T, H, DV, generator=gen)
         if not l2:

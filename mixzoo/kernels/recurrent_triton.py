@@ -6,11 +6,11 @@ the block and the walk is bound by its loads (q, k, v, g, β of one position: th
 side in memory, one coalesced row). Chunked kernels (fla's) turn the scan into matmuls, which pays only where a
 head is wide enough to feed tensor cores; at heads of 8 they run a dozen launches of mostly idle tiles.
 
-Forward (``_fwd_kernel``): per position, q̂, k̂ = q / ‖q‖, k / ‖k‖ (``L2``), a = exp(g),
+Forward (``_delta_fwd_kernel``): per position, q̂, k̂ = q / ‖q‖, k / ‖k‖ (``L2``), a = exp(g),
     u = v - a S k̂,  S ← a S + β u k̂ᵀ,  o = scale · S q̂,
 and, where a backward will follow (``STORE``), the state after the step to ``states`` (B, T, H, DV, DK) float32.
 
-Backward (``_bwd_kernel``): the same walk backwards in time with the state's gradient dS carried in registers and
+Backward (``_delta_bwd_kernel``): the same walk backwards in time with the state's gradient dS carried in registers and
 S_{t-1} read back from ``states``:
     G = dS + scale · do q̂ᵀ,  dq̂ = scale · S_tᵀ do,  u = v - a S_{t-1} k̂,  du = β G k̂ (= dv),
     dβ = uᵀ G k̂,  dk̂ = β Gᵀ u - a S_{t-1}ᵀ du,  da = <G, S_{t-1}> - duᵀ S_{t-1} k̂,  dg = a · da,
@@ -49,7 +49,7 @@ def _unit_bwd(xh, n, dxh, eps, L2: tl.constexpr):
 
 
 @triton.jit
-def _fwd_kernel(q, k, v, g, beta, o, states, T, H,
+def _delta_fwd_kernel(q, k, v, g, beta, o, states, T, H,
                 sqb, sqt, sqh, sqd, skb, skt, skh, skd, svb, svt, svh, svd, sgb, sgt, sgh, sbb, sbt, sbh,
                 scale, eps,
                 DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BH: tl.constexpr,
@@ -88,7 +88,7 @@ def _fwd_kernel(q, k, v, g, beta, o, states, T, H,
 
 
 @triton.jit
-def _bwd_kernel(q, k, v, g, beta, do, states, dq, dk, dv, dg, dbeta, T, H,
+def _delta_bwd_kernel(q, k, v, g, beta, do, states, dq, dk, dv, dg, dbeta, T, H,
                 sqb, sqt, sqh, sqd, skb, skt, skh, skd, svb, svt, svh, svd, sgb, sgt, sgh, sbb, sbt, sbh,
                 scale, eps,
                 DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BH: tl.constexpr,
@@ -239,7 +239,7 @@ def delta_forward(q, k, v, g, beta, scale: float, eps: float, l2: bool, store: b
     o = torch.empty(B, T, H, DV, dtype=q.dtype, device=q.device)
     states = torch.empty((B, T, H, DV, DK) if store else (1,), dtype=torch.float32, device=q.device)
     BK, BV, BH, w = _tiling(H, DK, DV, tiles)
-    _fwd_kernel[(B, triton.cdiv(H, BH))](
+    _delta_fwd_kernel[(B, triton.cdiv(H, BH))](
         q, k, v, g, beta, o, states, T, H, *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(),
         float(scale), float(eps), DK=DK, DV=DV, BK=BK, BV=BV, BH=BH, L2=l2, STORE=store, num_warps=w)
     return o, states
@@ -256,7 +256,7 @@ def delta_backward(q, k, v, g, beta, states, do, scale: float, eps: float, l2: b
     dg = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
     db = torch.empty(B, T, H, dtype=beta.dtype, device=q.device)
     BK, BV, BH, w = _tiling(H, DK, DV, tiles)
-    _bwd_kernel[(B, triton.cdiv(H, BH))](
+    _delta_bwd_kernel[(B, triton.cdiv(H, BH))](
         q, k, v, g, beta, do, states, dq, dk, dv, dg, db, T, H,
         *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(),
         float(scale), float(eps), DK=DK, DV=DV, BK=BK, BV=BV, BH=BH, L2=l2, num_warps=w)
