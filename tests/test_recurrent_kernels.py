@@ -83,71 +83,42 @@ gk = -torch.rand(2, 30, 3, 8, generator=g, dtype=torch.float64)
 out["gla_vs_fla"] = None if fla_gla is None else float(
     (D.gla_rec_torch(q, k, v, gk, 8 ** -0.5) - fla_gla(q, k, v, gk)[0]).abs().max())     # both (B, T, H, D)
 
-# the gdn layer (4 heads of 8) on the kernels against its torch-chunk path, float32, β in [0, 1] and [0, 2]
+# the layers (4 heads: gdn's of 8, GLA's keys of 4 and values of 8) on the kernels against their PyTorch paths (gdn's
+# torch-chunk, GLA's fla's reference), float32; then the switch that turns the scan off (fla needs a GPU)
 from mixzoo.registry import build_mixer, get_mixer
-for neg in (False, True):
+
+def layers(name, switch, **knobs):
     torch.manual_seed(0)
-    m = build_mixer(get_mixer("gdn"), 32, num_heads=4, layer_idx=0, l_max=40, allow_neg_eigval=neg)
-    ref = build_mixer(get_mixer("gdn"), 32, num_heads=4, layer_idx=0, l_max=40, allow_neg_eigval=neg, backend="torch")
+    m = build_mixer(get_mixer(name), 32, num_heads=4, layer_idx=0, l_max=40, **knobs)
+    ref = build_mixer(get_mixer(name), 32, num_heads=4, layer_idx=0, l_max=40, backend="torch", **knobs)
     ref.load_state_dict(m.state_dict())
     x = torch.randn(2, 40, 32, generator=g)
     res = {}
-    for name, mod in (("rec", m), ("ref", ref)):
+    for key, mod in (("rec", m), ("ref", ref)):
         xx = x.clone().requires_grad_()
         y = mod(xx)
-        grads = torch.autograd.grad(y.square().sum(), [xx, *mod.parameters()])
-        res[name] = (mod.backend, y, grads)
-    out[f"layer neg={neg}"] = dict(backends=[res["rec"][0], res["ref"][0]], out=rel(res["rec"][1], res["ref"][1]),
-                                   grads=max(rel(a, b) for a, b in zip(res["rec"][2], res["ref"][2])))
-os.environ["MIXZOO_GDN"] = "fla"
-m(x)
-out["switch"] = m.backend
-os.environ.pop("MIXZOO_GDN")
-# the GLA layer (4 heads: keys of 4, values of 8) against its torch-recurrent path (fla's reference)
-if fla_gla is not None:
-    torch.manual_seed(0)
-    m = build_mixer(get_mixer("gla"), 32, num_heads=4, layer_idx=0, l_max=40)
-    ref = build_mixer(get_mixer("gla"), 32, num_heads=4, layer_idx=0, l_max=40, backend="torch")
-    ref.load_state_dict(m.state_dict())
-    x = torch.randn(2, 40, 32, generator=g)
-    res = {}
-    for name, mod in (("rec", m), ("ref", ref)):
-        xx = x.clone().requires_grad_()
-        y = mod(xx)
-        grads = torch.autograd.grad(y.square().sum(), [xx, *mod.parameters()])
-        res[name] = (mod.backend, y, grads)
-    out["gla layer"] = dict(backends=[res["rec"][0], res["ref"][0]], out=rel(res["rec"][1], res["ref"][1]),
-                            grads=max(rel(a, b) for a, b in zip(res["rec"][2], res["ref"][2])))
-    os.environ["MIXZOO_GLA_CORE"] = "fla"
+        res[key] = (mod.backend, y, torch.autograd.grad(y.square().sum(), [xx, *mod.parameters()]))
+    os.environ[switch] = "fla"
     m(x)
-    out["gla switch"] = m.backend
-    os.environ.pop("MIXZOO_GLA_CORE")
+    os.environ.pop(switch)
+    return dict(backends=[res["rec"][0], res["ref"][0]], out=rel(res["rec"][1], res["ref"][1]),
+                grads=max(rel(a, b) for a, b in zip(res["rec"][2], res["ref"][2])), switched=m.backend)
+for neg in (False, True):       # β in [0, 1] and [0, 2]
+    out[f"layer neg={neg}"] = layers("gdn", "MIXZOO_GDN", allow_neg_eigval=neg)
+if fla_gla is not None:
+    out["gla layer"] = layers("gla", "MIXZOO_GLA_CORE")
 
 # stacked: 3 models under vmap, the op folded into one call of 3 x 2 sequences
 from torch.func import functional_call, stack_module_state, vmap
 from mixzoo.train.vmapfold import folding
-calls = []
-fwd = DT.delta_forward
-DT.delta_forward = lambda q, *a: calls.append(list(q.shape)) or fwd(q, *a)
-ms = [build_mixer(get_mixer("gdn"), 32, num_heads=4, layer_idx=0, l_max=12) for _ in range(3)]
-params, bufs = stack_module_state(ms)
-x = torch.randn(3, 2, 12, 32, generator=g).requires_grad_()
-with folding():
-    y = vmap(lambda p, b, xi: functional_call(ms[0], (p, b), (xi,)))(params, bufs, x)
-n_folded = len(calls)
-got = torch.autograd.grad(y.square().sum(), [x, *params.values()])
-ref = torch.stack([mm(xi) for mm, xi in zip(ms, x)])
-want = torch.autograd.grad(ref.square().sum(), [x, *[p for mm in ms for p in mm.parameters()]])
-nparam = len(params)
-want = [want[0]] + [torch.stack(want[1 + i::nparam]) for i in range(nparam)]
-out["vmap"] = dict(calls=calls[:n_folded], backend=ms[0].backend, out=rel(y, ref),
-                   grads=max(rel(a, b) for a, b in zip(got, want)))
-if fla_gla is not None:                     # GLA's scan folded likewise
-    calls.clear()
-    gfwd = DT.gla_forward
-    DT.gla_forward = lambda q, *a: calls.append(list(q.shape)) or gfwd(q, *a)
-    ms = [build_mixer(get_mixer("gla"), 32, num_heads=4, layer_idx=0, l_max=12) for _ in range(3)]
+
+def stacked(name, entry):
+    calls = []
+    fwd = getattr(DT, entry)
+    setattr(DT, entry, lambda q, *a: calls.append(list(q.shape)) or fwd(q, *a))
+    ms = [build_mixer(get_mixer(name), 32, num_heads=4, layer_idx=0, l_max=12) for _ in range(3)]
     params, bufs = stack_module_state(ms)
+    x = torch.randn(3, 2, 12, 32, generator=g).requires_grad_()
     with folding():
         y = vmap(lambda p, b, xi: functional_call(ms[0], (p, b), (xi,)))(params, bufs, x)
     n_folded = len(calls)
@@ -156,13 +127,17 @@ if fla_gla is not None:                     # GLA's scan folded likewise
     want = torch.autograd.grad(ref.square().sum(), [x, *[p for mm in ms for p in mm.parameters()]])
     nparam = len(params)
     want = [want[0]] + [torch.stack(want[1 + i::nparam]) for i in range(nparam)]
-    out["gla vmap"] = dict(calls=calls[:n_folded], backend=ms[0].backend, out=rel(y, ref),
-                           grads=max(rel(a, b) for a, b in zip(got, want)))
+    setattr(DT, entry, fwd)
+    return dict(calls=calls[:n_folded], backend=ms[0].backend, out=rel(y, ref),
+                grads=max(rel(a, b) for a, b in zip(got, want)))
+out["vmap"] = stacked("gdn", "delta_forward")
+if fla_gla is not None:                     # GLA's scan folded likewise
+    out["gla vmap"] = stacked("gla", "gla_forward")
 print("RESULT", json.dumps(out))
 """
 
 
-def test_recurrent_delta_rule_kernels():
+def test_recurrent_scan_kernels():
     r = run_interpreted(SCRIPT, drop=("MIXZOO_GDN",))
     assert r.pop("usable") is True
     assert r.pop("tilings") == {"(64, 1)": 0.0, "(256, 1)": 0.0, "(512, 2)": 0.0}
@@ -170,7 +145,6 @@ def test_recurrent_delta_rule_kernels():
     v = r.pop("vmap")
     assert v["calls"] == [[6, 12, 4, 8]] and v["backend"] == "triton-rec", v   # 3 models' 2 sequences, one call
     assert v["out"] < 1e-5 and v["grads"] < 1e-4, v
-    assert r.pop("switch") == "torch-chunk"                    # MIXZOO_GDN=fla: off the kernels (fla needs a GPU)
     gla_vs_fla = r.pop("gla_vs_fla")
     if gla_vs_fla is None:
         pytest.skip("fla not installed: GLA's reference path")
@@ -181,12 +155,13 @@ def test_recurrent_delta_rule_kernels():
     lay = r.pop("gla layer")
     assert lay["backends"] == ["triton-rec", "torch-recurrent"], lay
     assert lay["out"] < 1e-5 and lay["grads"] < 1e-4, lay
-    assert r.pop("gla switch") == "torch-recurrent"            # MIXZOO_GLA_CORE=fla: off the kernels
+    assert lay["switched"] == "torch-recurrent", lay           # MIXZOO_GLA_CORE=fla: off the kernels
     for neg in (False, True):
         lay = r.pop(f"layer neg={neg}")
         assert lay["backends"] == ["triton-rec", "torch-chunk"], lay
         assert lay["out"] < 1e-5 and lay["grads"] < 1e-4, lay
-    assert len(r) == 10
+        assert lay["switched"] == "torch-chunk", lay           # MIXZOO_GDN=fla: off the kernels
+    assert len(r) == 10, sorted(r)
     for case, res in r.items():
         assert max(res["errs"]) <= res["tol"], (case, res)
         assert res["inference"] == 0.0 and res["strided"] == 0.0, (case, res)
