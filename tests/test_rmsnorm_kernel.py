@@ -3,8 +3,8 @@ interpreter with the H200's numerics (benchmarks/lla_small_ridge.py; a fresh pro
 interpreter being switched on before triton is imported): against float64, beside the PyTorch form;
 stacked models' norms as one call with their K weights (vmap under ``folding()``); and a whole stacked
 training run with the mad recipe (these kernels and the SwiGLU ones in every block) giving each run's
-numbers (softmax: the rotary-embedding kernel too; gdn: the short-convolution kernel and the gated
-output norm). Off the GPU (no interpreter) the model's norms
+numbers (softmax: the rotary-embedding kernel too; gdn: the short-convolution kernel, the gated
+output norm and its recurrent scan). Off the GPU (no interpreter) the model's norms
 run their PyTorch forms, unchanged."""
 import os
 
@@ -197,10 +197,11 @@ def test_a_stacked_run_with_the_kernels_gives_each_run_s_numbers():
     assert r.pop("eager default") is None, r
     want = {"softmax": ["rmsnorm_triton", "rope_triton", "swiglu_triton"],
             "gdn": ["causal_conv_triton", "rmsnorm_triton", "swiglu_triton"]}
+    # each run's result names them (gdn's recurrent scan, mixzoo.kernels.recurrent, too)
+    recorded = {"softmax": "rmsnorm,rope,swiglu", "gdn": "causal_conv,delta_rec,rmsnorm,swiglu"}
     for mixer, res in r.items():
         assert res["kernels"] == want[mixer], (mixer, res)
-        names = ",".join(k.replace("_triton", "") for k in want[mixer])
-        assert res["recorded"] == [names] * 4, (mixer, res)             # each run's result names them
+        assert res["recorded"] == [recorded[mixer]] * 4, (mixer, res)
         assert res["modes"] == ["stacked", "stacked"], (mixer, res)
         for a, b in zip(res["solo"], res["stacked"]):
             for x, y in zip(a, b):
