@@ -106,18 +106,22 @@ class _GlaRec(torch.autograd.Function):
         return (*K.gla_backward(q, k, v, g, states, do, ctx.scale), None)
 
 
+def _fits(x: torch.Tensor, dk: int, dv: int) -> bool:
+    """Heads of at most ``MAX_HEAD``, x on a CUDA device (or the interpreter on), not under torch.compile, and the
+    kernels matched on that device."""
+    return (dk <= MAX_HEAD and dv <= MAX_HEAD and (x.is_cuda or interpreting()) and not torch.compiler.is_compiling()
+            and usable((x.device.index or 0) if x.is_cuda else -1))
+
+
 def runs_on(q: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether ``delta_rule_rec`` and ``gla_rec`` take the kernels for these heads on q's device."""
-    return ((q.is_cuda or interpreting()) and q.shape[-1] <= MAX_HEAD and v.shape[-1] <= MAX_HEAD
-            and not torch.compiler.is_compiling() and usable((q.device.index or 0) if q.is_cuda else -1))
+    return _fits(q, q.shape[-1], v.shape[-1])
 
 
 def wanted(x: torch.Tensor, dk: int, dv: int, switch: str) -> bool:
-    """Whether a layer on x with key and value heads of dk, dv takes the scans: heads of at most ``MAX_HEAD``, the
-    named switch (``MIXZOO_GDN``, ``MIXZOO_GLA_CORE``) not ``fla``, a CUDA tensor (or the interpreter), and the
-    kernels matched on its device."""
-    return (os.environ.get(switch) != "fla" and dk <= MAX_HEAD and dv <= MAX_HEAD and (x.is_cuda or interpreting())
-            and not torch.compiler.is_compiling() and usable((x.device.index or 0) if x.is_cuda else -1))
+    """Whether a layer on x with key and value heads of dk, dv takes the scans: the named switch (``MIXZOO_GDN``,
+    ``MIXZOO_GLA_CORE``) not ``fla``, and ``_fits``."""
+    return os.environ.get(switch) != "fla" and _fits(x, dk, dv)
 
 
 def delta_rule_rec(q, k, v, g, beta, scale: float, l2norm: bool = True) -> torch.Tensor:
@@ -146,6 +150,18 @@ def usable(device_index: int = 0) -> bool:
     return _USABLE(device_index)
 
 
+def _agrees(ref, op, ins, do, dt, dev, tol, *args) -> bool:
+    """``op`` (a kernel's autograd Function) on ``ins`` (q, k, v in ``dt``, the gates in float32, on ``dev``) against
+    ``ref`` on them in float64: output and every input's gradient within ``tol`` (norm-relative)."""
+    want_ins = [t.double().requires_grad_() for t in ins]
+    want = ref(*want_ins, *args)
+    wants = torch.autograd.grad(want, want_ins, do.double())
+    got_ins = [(t.to(dt) if i < 3 else t).to(dev).requires_grad_() for i, t in enumerate(ins)]
+    got = op(*got_ins, *args)
+    gots = torch.autograd.grad(got, got_ins, do.to(dt).to(dev))
+    return all(matches(a, r, tol) for a, r in [(got, want.detach()), *zip(gots, wants)])
+
+
 def _matches_here(device_index: int) -> bool:
     dev = torch.device("cuda", device_index) if device_index >= 0 else torch.device("cpu")
     gen = torch.Generator(device="cpu").manual_seed(0)
@@ -160,23 +176,10 @@ def _matches_here(device_index: int) -> bool:
         g = -torch.rand(B, T, H, generator=gen) * 0.5
         beta = torch.rand(B, T, H, generator=gen) * 1.5
         do = torch.randn(B, T, H, DV, generator=gen)
-        ins = [t.double().requires_grad_() for t in (q, k, v, g, beta)]
-        want = delta_rule_rec_torch(*ins, 0.35, l2)
-        wants = torch.autograd.grad(want, ins, do.double())
-        got_ins = [t.to(dt).to(dev).requires_grad_() for t in (q, k, v)] + [t.to(dev).requires_grad_() for t in (g, beta)]
-        got = _Rec.apply(*got_ins, 0.35, l2)
-        gots = torch.autograd.grad(got, got_ins, do.to(dt).to(dev))
-        if not all(matches(a, ref, tol) for a, ref in [(got, want.detach()), *zip(gots, wants)]):
-            return False
-        # GLA at the same sizes, log-decays per key dimension
-        gk = -torch.rand(B, T, H, DK, generator=gen) * 0.5
-        ins = [t.double().requires_grad_() for t in (q, k, v, gk)]
-        want = gla_rec_torch(*ins, 0.35)
-        wants = torch.autograd.grad(want, ins, do.double())
-        got_ins = [t.to(dt).to(dev).requires_grad_() for t in (q, k, v)] + [gk.to(dev).requires_grad_()]
-        got = _GlaRec.apply(*got_ins, 0.35)
-        gots = torch.autograd.grad(got, got_ins, do.to(dt).to(dev))
-        if not all(matches(a, ref, tol) for a, ref in [(got, want.detach()), *zip(gots, wants)]):
+        if not (_agrees(delta_rule_rec_torch, _Rec.apply, (q, k, v, g, beta), do, dt, dev, tol, 0.35, l2)
+                # GLA at the same sizes, log-decays per key dimension
+                and _agrees(gla_rec_torch, _GlaRec.apply, (q, k, v, -torch.rand(B, T, H, DK, generator=gen) * 0.5),
+                            do, dt, dev, tol, 0.35)):
             return False
     return True
 

@@ -86,6 +86,11 @@ class GatedDeltaNet(nn.Module):
             return None, "torch-chunk"
         return fn, "fla-chunk" + suffix + _fla.unpadded_suffix(self.dh)
 
+    def _gates(self, a, b):
+        """The log-decay -exp(A) softplus(a + dt_bias) and β = σ(b) (x2 with allow_neg_eigval), (B, T, H) float32."""
+        return (-self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias),
+                b.float().sigmoid() * (2.0 if self.neg else 1.0))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, d = x.shape
         qkv, gate, a, b = self.proj(x).split([3 * d, d, self.h, self.h], dim=-1)
@@ -93,8 +98,7 @@ class GatedDeltaNet(nn.Module):
         if self.requested == "auto" and recurrent.wanted(x, self.dh, self.dh, "MIXZOO_GDN"):
             self.backend = "triton-rec"
             q, k, v = (t.reshape(B, T, self.h, self.dh) for t in qkv.chunk(3, dim=-1))
-            g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)                # (B, T, H)
-            beta = b.float().sigmoid() * (2.0 if self.neg else 1.0)
+            g, beta = self._gates(a, b)
             o = _fla._op("mixzoo.kernels.recurrent", "delta_rule_rec")(q, k, v, g, beta, self.dh ** -0.5)  # folded when stacking
             return self.o_proj(self.o_norm(o.transpose(1, 2), gate))
         fast, self.backend = self._fast(x)
@@ -110,8 +114,7 @@ class GatedDeltaNet(nn.Module):
             return self.o_proj(self.o_norm(o.transpose(1, 2), gate))
         q, k, v = (split_heads(t, self.h) for t in qkv.chunk(3, dim=-1))
         q, k = l2norm(q), l2norm(k)
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)                # (B, T, H)
-        beta = b.float().sigmoid() * (2.0 if self.neg else 1.0)
+        g, beta = self._gates(a, b)
         o = gated_delta_chunk(q, k, v, g.transpose(1, 2), beta.transpose(1, 2),
                               scale=self.dh ** -0.5, chunk=self.chunk)
         return self.o_proj(self.o_norm(o, gate))
