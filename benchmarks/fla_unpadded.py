@@ -1,6 +1,6 @@
 """gdn's, GLA's and MesaNet's fla paths with heads of 8 handed to fla as they are (``MIXZOO_FLA_PAD=none``)
 against padded to 16 (the default): does fla (and mixzoo's kernels on those paths) give the same layer, and
-is it faster? gdn also with mixzoo's recurrent scan (``MIXZOO_GDN=rec``, mixzoo.kernels.recurrent) against both.
+is it faster? gdn and GLA also with mixzoo's recurrent scans (``triton-rec``, mixzoo.kernels.recurrent).
 At the mad recipe's layer (width 128 in 16 heads), under bf16 autocast:
 
 * agreement: output and gradients (input and every parameter) of the unpadded layer against the padded one,
