@@ -56,8 +56,8 @@ for B, T, H, DK, DV, dt, l2 in ((2, 37, 3, 8, 8, "float32", True), (1, 9, 20, 8,
         tol=2e-2 if dt == torch.bfloat16 else 1e-5, dtypes=[str(t.dtype) for t in (got, *gots)],
         errs=[rel(a, r) for a, r in zip((got, *gots), (want, *wants))],
         inference=float((inference - got).abs().max()), strided=0.0)
-# tilings (heads and warps a program; benchmarks/recurrent_tiles.py) give the default's numbers: 5 heads in blocks
-# of 1, 4 and 8 (the last partial)
+# tilings (heads and warps a program, the next position's loads issued a step early or not;
+# benchmarks/recurrent_tiles.py) give the default's numbers: 5 heads in blocks of 1, 4 and 8 (the last partial)
 q, k, v = (torch.randn(2, 13, 5, 8, generator=g) for _ in range(3))
 gg, beta, gk = -torch.rand(2, 13, 5, generator=g), torch.rand(2, 13, 5, generator=g), -torch.rand(2, 13, 5, 8, generator=g)
 do = torch.randn(2, 13, 5, 8, generator=g)
@@ -69,7 +69,7 @@ def both(tiles):
             *DT.gla_backward(q, k, v, gk, st2, do, 0.3, tiles)]
 base = both(None)
 out["tilings"] = {str(t): max(float((a - b).abs().max()) for a, b in zip(both(t), base))
-                  for t in ((64, 1), (256, 1), (512, 2))}
+                  for t in ((64, 1, False), (256, 1, True), (512, 2, False), (1024, 4, True))}
 # the reference against _scan's recurrence ((B, H, T, D) layout, q and k normalized outside)
 q, k, v = (torch.randn(2, 30, 3, 8, generator=g, dtype=torch.float64) for _ in range(3))
 gg, beta = -torch.rand(2, 30, 3, generator=g, dtype=torch.float64), torch.rand(2, 30, 3, generator=g, dtype=torch.float64)
@@ -140,7 +140,7 @@ print("RESULT", json.dumps(out))
 def test_recurrent_scan_kernels():
     r = run_interpreted(SCRIPT, drop=("MIXZOO_GDN",))
     assert r.pop("usable") is True
-    assert r.pop("tilings") == {"(64, 1)": 0.0, "(256, 1)": 0.0, "(512, 2)": 0.0}
+    assert r.pop("tilings") == {str(t): 0.0 for t in ((64, 1, False), (256, 1, True), (512, 2, False), (1024, 4, True))}
     assert r.pop("vs_scan") < 1e-6
     v = r.pop("vmap")
     assert v["calls"] == [[6, 12, 4, 8]] and v["backend"] == "triton-rec", v   # 3 models' 2 sequences, one call

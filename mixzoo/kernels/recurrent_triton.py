@@ -23,6 +23,8 @@ backwards, with P = S_{t-1}:  G = dS + scale · do qᵀ,  dq = scale · S_tᵀ d
     dg = exp(g) ⊙ colsum(G ⊙ P),  dS ← G diag(exp g)."""
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -49,11 +51,28 @@ def _unit_bwd(xh, n, dxh, eps, L2: tl.constexpr):
 
 
 @triton.jit
+def _ld4(qp, kp, vp, gp, t, sqt, skt, svt, sgt, mk, mv, mg, ok):
+    """q, k, v (BH, D) and g ((BH,) or GLA's (BH, BK)) of position t in float32 (zeros where not ``ok``)."""
+    qt = tl.load(qp + t * sqt, mask=mk & ok, other=0.).to(tl.float32)
+    kt = tl.load(kp + t * skt, mask=mk & ok, other=0.).to(tl.float32)
+    vt = tl.load(vp + t * svt, mask=mv & ok, other=0.).to(tl.float32)
+    gt = tl.load(gp + t * sgt, mask=mg & ok, other=0.).to(tl.float32)
+    return qt, kt, vt, gt
+
+
+@triton.jit
+def _ld5(qp, kp, vp, gp, bp, t, sqt, skt, svt, sgt, sbt, mk, mv, mh, ok):
+    """``_ld4`` and β (BH,)."""
+    qt, kt, vt, gt = _ld4(qp, kp, vp, gp, t, sqt, skt, svt, sgt, mk, mv, mh, ok)
+    return qt, kt, vt, gt, tl.load(bp + t * sbt, mask=mh & ok, other=0.).to(tl.float32)
+
+
+@triton.jit
 def _delta_fwd_kernel(q, k, v, g, beta, o, states, T, H,
                 sqb, sqt, sqh, sqd, skb, skt, skh, skd, svb, svt, svh, svd, sgb, sgt, sgh, sbb, sbt, sbh,
                 scale, eps,
                 DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BH: tl.constexpr,
-                L2: tl.constexpr, STORE: tl.constexpr):
+                L2: tl.constexpr, STORE: tl.constexpr, PF: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BH + tl.arange(0, BH)
     ik, iv = tl.arange(0, BK), tl.arange(0, BV)
@@ -70,12 +89,14 @@ def _delta_fwd_kernel(q, k, v, g, beta, o, states, T, H,
     sp = states + b * T * H * DV * DK + (h[:, None, None] * DV + iv[None, :, None]) * DK + ik[None, None, :]
     S = tl.zeros([BH, BV, BK], tl.float32)
     t = T * 0
+    qn, kn, vn, gn, bn = _ld5(qp, kp, vp, gp, bp, t, sqt, skt, svt, sgt, sbt, mk, mv, mh, t < T)
     while t < T:       # a while loop: Triton's interpreter (the CPU tests) cannot range over a runtime bound
-        qt = tl.load(qp + t * sqt, mask=mk, other=0.).to(tl.float32)
-        kt = tl.load(kp + t * skt, mask=mk, other=0.).to(tl.float32)
-        vt = tl.load(vp + t * svt, mask=mv, other=0.).to(tl.float32)
-        a = tl.exp(tl.load(gp + t * sgt, mask=mh, other=0.).to(tl.float32))
-        bt = tl.load(bp + t * sbt, mask=mh, other=0.).to(tl.float32)
+        if PF:         # this step's inputs were loaded during the last; load the next step's now
+            qt, kt, vt, gt, bt = qn, kn, vn, gn, bn
+            qn, kn, vn, gn, bn = _ld5(qp, kp, vp, gp, bp, t + 1, sqt, skt, svt, sgt, sbt, mk, mv, mh, t + 1 < T)
+        else:
+            qt, kt, vt, gt, bt = _ld5(qp, kp, vp, gp, bp, t, sqt, skt, svt, sgt, sbt, mk, mv, mh, t < T)
+        a = tl.exp(gt)
         qt, _ = _unit(qt, eps, L2)
         kt, _ = _unit(kt, eps, L2)
         u = vt - a[:, None] * tl.sum(S * kt[:, None, :], 2)
@@ -92,7 +113,7 @@ def _delta_bwd_kernel(q, k, v, g, beta, do, states, dq, dk, dv, dg, dbeta, T, H,
                 sqb, sqt, sqh, sqd, skb, skt, skh, skd, svb, svt, svh, svd, sgb, sgt, sgh, sbb, sbt, sbh,
                 scale, eps,
                 DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BH: tl.constexpr,
-                L2: tl.constexpr):
+                L2: tl.constexpr, PF: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BH + tl.arange(0, BH)
     ik, iv = tl.arange(0, BK), tl.arange(0, BV)
@@ -113,14 +134,20 @@ def _delta_bwd_kernel(q, k, v, g, beta, do, states, dq, dk, dv, dg, dbeta, T, H,
     S = tl.load(sp + (T - 1) * H * DV * DK, mask=ms, other=0.)
     dS = tl.zeros([BH, BV, BK], tl.float32)
     t = T - 1
+    qn, kn, vn, gn, bn = _ld5(qp, kp, vp, gp, bp, t, sqt, skt, svt, sgt, sbt, mk, mv, mh, t >= 0)
+    don = tl.load(do + kvo + t * H * DV, mask=mv & (t >= 0), other=0.).to(tl.float32)
+    Pn = tl.load(sp + (t - 1) * H * DV * DK, mask=ms & (t > 0), other=0.)
     while t >= 0:
-        qt = tl.load(qp + t * sqt, mask=mk, other=0.).to(tl.float32)
-        kt = tl.load(kp + t * skt, mask=mk, other=0.).to(tl.float32)
-        vt = tl.load(vp + t * svt, mask=mv, other=0.).to(tl.float32)
-        a = tl.exp(tl.load(gp + t * sgt, mask=mh, other=0.).to(tl.float32))
-        bt = tl.load(bp + t * sbt, mask=mh, other=0.).to(tl.float32)
-        dot = tl.load(do + kvo + t * H * DV, mask=mv, other=0.).to(tl.float32)
-        P = tl.load(sp + (t - 1) * H * DV * DK, mask=ms & (t > 0), other=0.)
+        if PF:         # this step's inputs were loaded during the last; load the next step's (t - 1) now
+            qt, kt, vt, gt, bt, dot, P = qn, kn, vn, gn, bn, don, Pn
+            qn, kn, vn, gn, bn = _ld5(qp, kp, vp, gp, bp, t - 1, sqt, skt, svt, sgt, sbt, mk, mv, mh, t >= 1)
+            don = tl.load(do + kvo + (t - 1) * H * DV, mask=mv & (t >= 1), other=0.).to(tl.float32)
+            Pn = tl.load(sp + (t - 2) * H * DV * DK, mask=ms & (t > 1), other=0.)
+        else:
+            qt, kt, vt, gt, bt = _ld5(qp, kp, vp, gp, bp, t, sqt, skt, svt, sgt, sbt, mk, mv, mh, t >= 0)
+            dot = tl.load(do + kvo + t * H * DV, mask=mv, other=0.).to(tl.float32)
+            P = tl.load(sp + (t - 1) * H * DV * DK, mask=ms & (t > 0), other=0.)
+        a = tl.exp(gt)
         qh, nq = _unit(qt, eps, L2)
         kh, nk = _unit(kt, eps, L2)
         G = dS + (scale * dot)[:, :, None] * qh[:, None, :]
@@ -146,7 +173,7 @@ def _gla_fwd_kernel(q, k, v, g, o, states, T, H,
                     sqb, sqt, sqh, sqd, skb, skt, skh, skd, svb, svt, svh, svd, sgb, sgt, sgh, sgd,
                     scale,
                     DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BH: tl.constexpr,
-                    STORE: tl.constexpr):
+                    STORE: tl.constexpr, PF: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BH + tl.arange(0, BH)
     ik, iv = tl.arange(0, BK), tl.arange(0, BV)
@@ -162,11 +189,14 @@ def _gla_fwd_kernel(q, k, v, g, o, states, T, H,
     sp = states + b * T * H * DV * DK + (h[:, None, None] * DV + iv[None, :, None]) * DK + ik[None, None, :]
     S = tl.zeros([BH, BV, BK], tl.float32)
     t = T * 0
+    qn, kn, vn, gn = _ld4(qp, kp, vp, gp, t, sqt, skt, svt, sgt, mk, mv, mk, t < T)
     while t < T:
-        qt = tl.load(qp + t * sqt, mask=mk, other=0.).to(tl.float32)
-        kt = tl.load(kp + t * skt, mask=mk, other=0.).to(tl.float32)
-        vt = tl.load(vp + t * svt, mask=mv, other=0.).to(tl.float32)
-        a = tl.exp(tl.load(gp + t * sgt, mask=mk, other=0.).to(tl.float32))
+        if PF:
+            qt, kt, vt, gt = qn, kn, vn, gn
+            qn, kn, vn, gn = _ld4(qp, kp, vp, gp, t + 1, sqt, skt, svt, sgt, mk, mv, mk, t + 1 < T)
+        else:
+            qt, kt, vt, gt = _ld4(qp, kp, vp, gp, t, sqt, skt, svt, sgt, mk, mv, mk, t < T)
+        a = tl.exp(gt)
         S = S * a[:, None, :] + vt[:, :, None] * kt[:, None, :]
         ot = tl.sum(S * qt[:, None, :], 2) * scale
         tl.store(op + t * H * DV, ot.to(o.dtype.element_ty), mask=mv)
@@ -179,7 +209,8 @@ def _gla_fwd_kernel(q, k, v, g, o, states, T, H,
 def _gla_bwd_kernel(q, k, v, g, do, states, dq, dk, dv, dg, T, H,
                     sqb, sqt, sqh, sqd, skb, skt, skh, skd, svb, svt, svh, svd, sgb, sgt, sgh, sgd,
                     scale,
-                    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BH: tl.constexpr):
+                    DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BH: tl.constexpr,
+                    PF: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BH + tl.arange(0, BH)
     ik, iv = tl.arange(0, BK), tl.arange(0, BV)
@@ -198,13 +229,20 @@ def _gla_bwd_kernel(q, k, v, g, do, states, dq, dk, dv, dg, T, H,
     S = tl.load(sp + (T - 1) * H * DV * DK, mask=ms, other=0.)
     dS = tl.zeros([BH, BV, BK], tl.float32)
     t = T - 1
+    qn, kn, vn, gn = _ld4(qp, kp, vp, gp, t, sqt, skt, svt, sgt, mk, mv, mk, t >= 0)
+    don = tl.load(do + kvo + t * H * DV, mask=mv & (t >= 0), other=0.).to(tl.float32)
+    Pn = tl.load(sp + (t - 1) * H * DV * DK, mask=ms & (t > 0), other=0.)
     while t >= 0:
-        qt = tl.load(qp + t * sqt, mask=mk, other=0.).to(tl.float32)
-        kt = tl.load(kp + t * skt, mask=mk, other=0.).to(tl.float32)
-        vt = tl.load(vp + t * svt, mask=mv, other=0.).to(tl.float32)
-        a = tl.exp(tl.load(gp + t * sgt, mask=mk, other=0.).to(tl.float32))
-        dot = tl.load(do + kvo + t * H * DV, mask=mv, other=0.).to(tl.float32)
-        P = tl.load(sp + (t - 1) * H * DV * DK, mask=ms & (t > 0), other=0.)
+        if PF:
+            qt, kt, vt, gt, dot, P = qn, kn, vn, gn, don, Pn
+            qn, kn, vn, gn = _ld4(qp, kp, vp, gp, t - 1, sqt, skt, svt, sgt, mk, mv, mk, t >= 1)
+            don = tl.load(do + kvo + (t - 1) * H * DV, mask=mv & (t >= 1), other=0.).to(tl.float32)
+            Pn = tl.load(sp + (t - 2) * H * DV * DK, mask=ms & (t > 1), other=0.)
+        else:
+            qt, kt, vt, gt = _ld4(qp, kp, vp, gp, t, sqt, skt, svt, sgt, mk, mv, mk, t >= 0)
+            dot = tl.load(do + kvo + t * H * DV, mask=mv, other=0.).to(tl.float32)
+            P = tl.load(sp + (t - 1) * H * DV * DK, mask=ms & (t > 0), other=0.)
+        a = tl.exp(gt)
         G = dS + (scale * dot)[:, :, None] * qt[:, None, :]
         tl.store(dq + kko + t * H * DK, (scale * tl.sum(S * dot[:, :, None], 1)).to(dq.dtype.element_ty), mask=mk)
         tl.store(dk + kko + t * H * DK, tl.sum(G * vt[:, :, None], 1).to(dk.dtype.element_ty), mask=mk)
@@ -219,17 +257,22 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-#: the default tiling: (floats of state per program, warps per program)
-TILES = (1024, 4)
+#: the tiling of each op by default: (floats of state per program, warps per program, prefetch the next position's
+#: inputs during a step)
+TILES = {"delta": (1024, 4, False), "gla": (1024, 4, False)}
+#: the tiling of both before benchmarks/recurrent_tiles.py chose ``TILES`` (MIXZOO_REC_TILES=old, for timing the
+#: one against the other in a step)
+OLD_TILES = (1024, 4, False)
 
 
-def _tiling(H: int, DK: int, DV: int, tiles=None) -> tuple[int, int, int, int]:
-    """(BK, BV, BH, warps): heads per program so that a block's states are about ``tiles[0]`` floats (``TILES`` by
-    default); fewer warps where a block is smaller than 256 floats a warp."""
-    floats, warps = tiles or TILES
+def _tiling(op: str, H: int, DK: int, DV: int, tiles=None) -> tuple[int, int, int, int, bool]:
+    """(BK, BV, BH, warps, prefetch) of ``op`` ("delta" or "gla"): heads per program so that a block's states are
+    about ``tiles[0]`` floats (``TILES[op]`` by default); fewer warps where a block is smaller than 256 floats a
+    warp."""
+    floats, warps, pf = tiles or (OLD_TILES if os.environ.get("MIXZOO_REC_TILES") == "old" else TILES[op])
     BK, BV = _pow2(DK), _pow2(DV)
     BH = max(1, min(_pow2(H), floats // (BK * BV)))
-    return BK, BV, BH, max(1, min(warps, BH * BK * BV // 256))
+    return BK, BV, BH, max(1, min(warps, BH * BK * BV // 256)), bool(pf)
 
 
 def delta_forward(q, k, v, g, beta, scale: float, eps: float, l2: bool, store: bool, tiles=None):
@@ -238,10 +281,10 @@ def delta_forward(q, k, v, g, beta, scale: float, eps: float, l2: bool, store: b
     DV = v.shape[-1]
     o = torch.empty(B, T, H, DV, dtype=q.dtype, device=q.device)
     states = torch.empty((B, T, H, DV, DK) if store else (1,), dtype=torch.float32, device=q.device)
-    BK, BV, BH, w = _tiling(H, DK, DV, tiles)
+    BK, BV, BH, w, pf = _tiling("delta", H, DK, DV, tiles)
     _delta_fwd_kernel[(B, triton.cdiv(H, BH))](
         q, k, v, g, beta, o, states, T, H, *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(),
-        float(scale), float(eps), DK=DK, DV=DV, BK=BK, BV=BV, BH=BH, L2=l2, STORE=store, num_warps=w)
+        float(scale), float(eps), DK=DK, DV=DV, BK=BK, BV=BV, BH=BH, L2=l2, STORE=store, PF=pf, num_warps=w)
     return o, states
 
 
@@ -255,11 +298,11 @@ def delta_backward(q, k, v, g, beta, states, do, scale: float, eps: float, l2: b
     dv = torch.empty(B, T, H, DV, dtype=v.dtype, device=q.device)
     dg = torch.empty(B, T, H, dtype=torch.float32, device=q.device)
     db = torch.empty(B, T, H, dtype=beta.dtype, device=q.device)
-    BK, BV, BH, w = _tiling(H, DK, DV, tiles)
+    BK, BV, BH, w, pf = _tiling("delta", H, DK, DV, tiles)
     _delta_bwd_kernel[(B, triton.cdiv(H, BH))](
         q, k, v, g, beta, do, states, dq, dk, dv, dg, db, T, H,
         *q.stride(), *k.stride(), *v.stride(), *g.stride(), *beta.stride(),
-        float(scale), float(eps), DK=DK, DV=DV, BK=BK, BV=BV, BH=BH, L2=l2, num_warps=w)
+        float(scale), float(eps), DK=DK, DV=DV, BK=BK, BV=BV, BH=BH, L2=l2, PF=pf, num_warps=w)
     return dq, dk, dv, dg, db
 
 
@@ -269,10 +312,10 @@ def gla_forward(q, k, v, g, scale: float, store: bool, tiles=None):
     DV = v.shape[-1]
     o = torch.empty(B, T, H, DV, dtype=q.dtype, device=q.device)
     states = torch.empty((B, T, H, DV, DK) if store else (1,), dtype=torch.float32, device=q.device)
-    BK, BV, BH, w = _tiling(H, DK, DV, tiles)
+    BK, BV, BH, w, pf = _tiling("gla", H, DK, DV, tiles)
     _gla_fwd_kernel[(B, triton.cdiv(H, BH))](
         q, k, v, g, o, states, T, H, *q.stride(), *k.stride(), *v.stride(), *g.stride(),
-        float(scale), DK=DK, DV=DV, BK=BK, BV=BV, BH=BH, STORE=store, num_warps=w)
+        float(scale), DK=DK, DV=DV, BK=BK, BV=BV, BH=BH, STORE=store, PF=pf, num_warps=w)
     return o, states
 
 
@@ -285,8 +328,8 @@ def gla_backward(q, k, v, g, states, do, scale: float, tiles=None):
     dk = torch.empty(B, T, H, DK, dtype=k.dtype, device=q.device)
     dv = torch.empty(B, T, H, DV, dtype=v.dtype, device=q.device)
     dg = torch.empty(B, T, H, DK, dtype=g.dtype, device=q.device)
-    BK, BV, BH, w = _tiling(H, DK, DV, tiles)
+    BK, BV, BH, w, pf = _tiling("gla", H, DK, DV, tiles)
     _gla_bwd_kernel[(B, triton.cdiv(H, BH))](
         q, k, v, g, do, states, dq, dk, dv, dg, T, H, *q.stride(), *k.stride(), *v.stride(), *g.stride(),
-        float(scale), DK=DK, DV=DV, BK=BK, BV=BV, BH=BH, num_warps=w)
+        float(scale), DK=DK, DV=DV, BK=BK, BV=BV, BH=BH, PF=pf, num_warps=w)
     return dq, dk, dv, dg
