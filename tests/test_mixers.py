@@ -442,3 +442,28 @@ def test_fla_head_padding_switch_is_checked_at_the_edge(monkeypatch):
     from mixzoo import kernels
     monkeypatch.setenv("MIXZOO_FLA_PAD", "8")
     assert "MIXZOO_FLA_PAD" in kernels.switch_error()
+
+
+def test_gla_one_matmul_projection_matches_five(monkeypatch):
+    """GLA's input projections as one matmul over the concatenated weights give the five projections' output and
+    gradients (float64, the CPU path), and keep five parameter matrices (initialization, Muon, checkpoints)."""
+    from mixzoo.models.gla import GatedLinearAttention
+    pytest.importorskip("fla")
+    torch.manual_seed(0)
+    m = GatedLinearAttention(32, num_heads=4).double()
+    assert {n for n, _ in m.named_parameters()} >= {"q_proj.weight", "k_proj.weight", "v_proj.weight",
+                                                    "g_proj.weight", "gk.0.weight", "gk.1.weight", "gk.1.bias"}
+    x = torch.randn(2, 11, 32, dtype=torch.float64)
+    outs = {}
+    for form in ("fused", "separate"):
+        monkeypatch.setenv("MIXZOO_GLA_PROJ", form)
+        m.zero_grad()
+        xx = x.clone().requires_grad_()
+        y = m(xx)
+        y.pow(2).sum().backward()
+        outs[form] = (y.detach(), xx.grad, {n: p.grad.clone() for n, p in m.named_parameters()})
+    (y1, dx1, g1), (y2, dx2, g2) = outs["fused"], outs["separate"]
+    torch.testing.assert_close(y1, y2, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(dx1, dx2, rtol=1e-12, atol=1e-12)
+    for n in g1:
+        torch.testing.assert_close(g1[n], g2[n], rtol=1e-12, atol=1e-12, msg=n)

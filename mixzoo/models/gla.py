@@ -11,8 +11,15 @@ value gradient of its backward by mixzoo's kernel (``mixzoo.kernels.gla_steps``:
 heads, fla's precision) where it has matched its reference on the device; ``MIXZOO_GLA_DV=fla`` leaves it
 to fla. The state's parts of dq, dk, dg and the forward's output are mixzoo's likewise by default
 (``+triton-dv-dqkg-o``); ``MIXZOO_GLA_DQKG=fla`` and ``MIXZOO_GLA_O=fla`` leave them to fla.
+
+The five projections of the input (q, k, v, the output gate, the decay's low-rank first factor) run as one matmul
+over their weights concatenated: the input is read once, and its gradient is one matmul instead of five matmuls
+and four sums. The parameters stay five separate matrices, so initialization, Muon's per-matrix update and
+checkpoints are those of five projections (``MIXZOO_GLA_PROJ=separate`` runs the five matmuls, for timing).
 """
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
@@ -59,15 +66,24 @@ class GatedLinearAttention(nn.Module):
             raise RuntimeError("gla: backend='fla' asked for but fla's Triton kernel is unavailable")
         return fn
 
+    def _in_proj(self, x):
+        """q, k, v, the output gate and the decay's low-rank input, (B, T, width) each (module docstring)."""
+        mods = (self.q_proj, self.k_proj, self.v_proj, self.g_proj, self.gk[0])
+        if os.environ.get("MIXZOO_GLA_PROJ") == "separate":
+            return tuple(m(x) for m in mods)
+        w = torch.cat([m.weight for m in mods])
+        return F.linear(x, w).split([m.out_features for m in mods], dim=-1)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape
         bthd = lambda t: t.view(B, T, self.h, -1)
-        q, k, v = bthd(self.q_proj(x)), bthd(self.k_proj(x)), bthd(self.v_proj(x))
-        gk = bthd(F.logsigmoid(self.gk(x).float()) / self.tau)
+        q, k, v, gate, low = self._in_proj(x)
+        q, k, v = bthd(q), bthd(k), bthd(v)
+        gk = bthd(F.logsigmoid(self.gk[1](low).float()) / self.tau)
         if self.requested == "auto" and recurrent.wanted(x, q.shape[-1], v.shape[-1], "MIXZOO_GLA_CORE"):
             self.backend = "triton-rec"
             o = _fla._op("mixzoo.kernels.recurrent", "gla_rec")(q, k, v, gk, self.dk ** -0.5)     # folded when stacking
-            return self.o_proj(self.o_norm(o.transpose(1, 2), self.g_proj(x)))
+            return self.o_proj(self.o_norm(o.transpose(1, 2), gate))
         fast = self._fast(x)
         if fast is not None:
             D = v.shape[-1]
@@ -81,7 +97,7 @@ class GatedLinearAttention(nn.Module):
             if ref is None:
                 raise RuntimeError("gla: the reference needs flash-linear-attention installed")
             o, _ = ref(q, k, v, gk)
-        return self.o_proj(self.o_norm(o.transpose(1, 2), self.g_proj(x)))
+        return self.o_proj(self.o_norm(o.transpose(1, 2), gate))
 
     def state_size(self, seq_len: int) -> int:
         return self.h * self.dk * (self.o_proj.in_features // self.h)
