@@ -258,8 +258,10 @@ def _pow2(n: int) -> int:
 
 
 #: the tiling of each op by default: (floats of state per program, warps per program, prefetch the next position's
-#: inputs during a step)
-TILES = {"delta": (1024, 4, False), "gla": (1024, 4, False)}
+#: inputs during a step). Chosen by benchmarks/recurrent_tiles.py on an H200 (2026-12-05, benchmarks/h200-2026-12-05c:
+#: at 768 sequences of 1024, 16 heads, forward + backward: the delta rule 13.5 -> 4.6 ms with one warp a program and
+#: prefetch, GLA 5.7 -> 2.9 ms with 8 heads a program, one warp and prefetch)
+TILES = {"delta": (1024, 1, True), "gla": (256, 1, True)}
 #: the tiling of both before benchmarks/recurrent_tiles.py chose ``TILES`` (MIXZOO_REC_TILES=old, for timing the
 #: one against the other in a step)
 OLD_TILES = (1024, 4, False)
