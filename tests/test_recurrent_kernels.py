@@ -7,6 +7,9 @@ import pytest
 import torch
 from interp import run_interpreted
 
+# the tilings the interpreted script runs beside the default (each must give its numbers bit for bit)
+TILINGS = ((64, 1, False), (256, 1, True), (512, 2, False), (1024, 4, True))
+
 SCRIPT = r"""
 import torch.nn.functional as F
 from mixzoo.kernels import recurrent as D, recurrent_triton as DT
@@ -69,7 +72,7 @@ def both(tiles):
             *DT.gla_backward(q, k, v, gk, st2, do, 0.3, tiles)]
 base = both(None)
 out["tilings"] = {str(t): max(float((a - b).abs().max()) for a, b in zip(both(t), base))
-                  for t in ((64, 1, False), (256, 1, True), (512, 2, False), (1024, 4, True))}
+                  for t in TILINGS}
 # the reference against _scan's recurrence ((B, H, T, D) layout, q and k normalized outside)
 q, k, v = (torch.randn(2, 30, 3, 8, generator=g, dtype=torch.float64) for _ in range(3))
 gg, beta = -torch.rand(2, 30, 3, generator=g, dtype=torch.float64), torch.rand(2, 30, 3, generator=g, dtype=torch.float64)
@@ -134,13 +137,13 @@ out["vmap"] = stacked("gdn", "delta_forward")
 if fla_gla is not None:                     # GLA's scan folded likewise
     out["gla vmap"] = stacked("gla", "gla_forward")
 print("RESULT", json.dumps(out))
-"""
+""".replace("TILINGS", repr(TILINGS))
 
 
 def test_recurrent_scan_kernels():
     r = run_interpreted(SCRIPT, drop=("MIXZOO_GDN",))
     assert r.pop("usable") is True
-    assert r.pop("tilings") == {str(t): 0.0 for t in ((64, 1, False), (256, 1, True), (512, 2, False), (1024, 4, True))}
+    assert r.pop("tilings") == {str(t): 0.0 for t in TILINGS}
     assert r.pop("vs_scan") < 1e-6
     v = r.pop("vmap")
     assert v["calls"] == [[6, 12, 4, 8]] and v["backend"] == "triton-rec", v   # 3 models' 2 sequences, one call
