@@ -225,3 +225,38 @@ def test_off_the_gpu_the_norms_run_their_pytorch_forms():
     o, gate = torch.randn(2, 4, 5, 8), torch.randn(2, 5, 32)
     want = F.rms_norm(o.transpose(1, 2), (8,), gn.weight, gn.eps).reshape(2, 5, 32) * F.silu(gate)
     assert torch.equal(gn(o, gate), want)
+
+
+TILES = r"""
+import norm_tiles as B
+from mixzoo.kernels import rmsnorm_triton as K, swiglu_triton as S
+out = {}
+g = torch.Generator().manual_seed(1)
+for case in ("add16", "gate"):
+    f, b, _, _ = B.norm_case(case, 2, 40, 24, torch.device("cpu"), g)
+    ref_o = f(None); ref_g = b(ref_o, None)
+    for tile in ((64, 1), (256, 2), (4096, 4)):     # 2, 8 and all 40 rows a program (D 24 padded to 32)
+        o = f(tile); gr = b(o, tile)
+        out[f"{case} {tile}"] = dict(
+            out=all(torch.equal(x, y) for x, y in zip(o, ref_o)),
+            grads=[None if x is None else float((x - y).abs().max()) for x, y in zip(gr, ref_g)])
+f, b, _, _ = B.swiglu_case(37, 24, torch.device("cpu"), g)
+o0 = f(None)
+out["blocks"] = [list(K._blocks(40, 24, t)) for t in ((64, 1), (256, 2), (4096, 4))]
+out["swiglu"] = all(torch.equal(f(t)[0], o0[0]) and torch.equal(b(o0, t)[0], b(o0, None)[0]) for t in ((64, 1), (512, 2)))
+print("RESULT", json.dumps(out))
+"""
+
+
+def test_launch_tiles_give_the_default_s_numbers():
+    """The ``tile`` launch parameter (benchmarks/norm_tiles.py times it): row blocks of 2, 8 and 40 rows (a partial
+    block among them) give the default's norm and input gradients bit for bit, the weight gradient within float32
+    reordering; SwiGLU's blocks the same outputs."""
+    r = _run(TILES)
+    assert r.pop("swiglu") is True
+    assert r.pop("blocks") == [[2, 32, 20, 1], [8, 32, 5, 2], [64, 32, 1, 4]]   # rows, width, programs, warps
+    for case, res in r.items():
+        assert res["out"], (case, res)
+        dx, dw, *rest = res["grads"]
+        assert dx == 0.0 and all(x in (0.0, None) for x in rest), (case, res)
+        assert dw < 1e-5, (case, res)

@@ -408,3 +408,34 @@ def test_an_interrupt_landing_in_the_claim_gives_the_trial_won_back(tmp_path):
     assert [t.number for t in got] == [0]
     assert not [t for t in trials if t.state.name == "RUNNING"]
     assert [(t.user_attrs.get("retry_of"), t.state.name) for t in trials if "retry_of" in t.user_attrs] == [(0, "WAITING")]
+
+
+def test_a_run_failing_from_a_swallowed_interrupt_is_given_back_not_failed(tmp_path, capsys, monkeypatch):
+    """SIGTERM landing in a library that turns it into its own error (the run then fails with that
+    error): the trial is given back for the rerun, as an interrupt that came through is, never told
+    FAIL holding its slot; the rerun completes the sweep."""
+    from mixzoo import api
+    from mixzoo.sweeps import storage as st
+    spec = spec_file(tmp_path / "swallow.toml", "t-swallow", trials=2, seeds=2)
+    res = tmp_path / "res"
+    real = api.run_spec
+    calls = []
+
+    def wrapped(*a, **k):
+        calls.append(1)
+        try:
+            st.interrupt(engine.Terminated())     # what the SIGTERM handler does
+        except engine.Terminated:
+            raise RuntimeError("error return without exception set") from None
+    monkeypatch.setattr(api, "run_spec", wrapped)
+    rc, out, err = rerun(res, spec, capsys)
+    assert rc == 143 and calls == [1], out + err
+    every = [x for ts in studies(journal(res)).values() for x in ts]
+    assert not [x for x in every if x.state.name in ("RUNNING", "COMPLETE")]
+    failed = [x for x in every if x.state.name == "FAIL"]
+    assert len(failed) == 1 and failed[0].user_attrs["stale"], [x.user_attrs for x in failed]
+    assert failed[0].user_attrs["reason"] == "interrupted (SIGTERM); retried"
+    monkeypatch.setattr(api, "run_spec", real)
+    rc, out, err = rerun(res, spec, capsys)
+    assert rc == 0, out + err
+    check_complete(studies(journal(res)), rows(res), trials=2, seeds=2)

@@ -71,14 +71,25 @@ def _bwd_kernel(x, z, w, rstd, dy, dx, dz, dwp, ds, dr, R, D, NB, BR: tl.constex
     tl.store(dwp + ((g * NB + rb) * D + cols).to(tl.int64), tl.sum(gv * xh, axis=0), mask=mc)
 
 
-def _blocks(R: int, D: int) -> tuple[int, int, int]:
+#: a program's share: about ``TILE[0]`` elements (whole rows of D, padded to a power of two) on ``TILE[1]`` warps.
+#: A launch parameter (``tile``) so that benchmarks/norm_tiles.py can time others. Each row is one program's, but
+#: the warps can change the order of a row's sum (bit-equal to this default at every tiling timed but 2048
+#: elements on 16 warps), and the weight gradient's partial sums follow the row blocks. Kept after that sweep
+#: (H100, 2026-12-05, benchmarks/h100-2026-12-05b): the add-and-norm launches ran at 2.6-2.9 TB/s and no tiling
+#: beat this one by more than 1 %.
+TILE = (4096, 4)
+
+
+def _blocks(R: int, D: int, tile: tuple[int, int] | None = None) -> tuple[int, int, int, int]:
+    """(rows a program, D padded, programs a group, warps)."""
+    floats, warps = tile or TILE
     BD = triton.next_power_of_2(D)
-    BR = max(1, min(triton.next_power_of_2(R), 4096 // BD))
-    return BR, BD, triton.cdiv(R, BR)
+    BR = max(1, min(triton.next_power_of_2(R), floats // BD))
+    return BR, BD, triton.cdiv(R, BR), warps
 
 
 def forward(x: torch.Tensor, w: torch.Tensor, eps: float, out_dtype: torch.dtype, z: torch.Tensor | None = None,
-            r: torch.Tensor | None = None):
+            r: torch.Tensor | None = None, tile: tuple[int, int] | None = None):
     """x (G, R, D) contiguous, w (G, D) contiguous (z like x: the norm of x silu(z)) -> y (G, R, D) in
     out_dtype, rstd (G, R) float32; with r like x (contiguous, any float dtype) the norm is of s = x + r, and
     -> y, rstd, s (x's dtype)."""
@@ -86,20 +97,21 @@ def forward(x: torch.Tensor, w: torch.Tensor, eps: float, out_dtype: torch.dtype
     y = torch.empty(G, R, D, dtype=out_dtype, device=x.device)
     rstd = torch.empty(G, R, dtype=torch.float32, device=x.device)
     s = None if r is None else torch.empty_like(x)
-    BR, BD, NB = _blocks(R, D)
+    BR, BD, NB, warps = _blocks(R, D, tile)
     if G and R:
         _fwd_kernel[(G, NB)](x, x if z is None else z, w, y, rstd, x if r is None else r, y if s is None else s,
-                             R, D, NB, float(eps), BR=BR, BD=BD, GATE=z is not None, RES=r is not None)
+                             R, D, NB, float(eps), BR=BR, BD=BD, GATE=z is not None, RES=r is not None,
+                             num_warps=warps)
     return (y, rstd) if r is None else (y, rstd, s)
 
 
 def backward(x: torch.Tensor, w: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor, z: torch.Tensor | None = None,
-             ds: torch.Tensor | None = None, r_dtype: torch.dtype | None = None):
+             ds: torch.Tensor | None = None, r_dtype: torch.dtype | None = None, tile: tuple[int, int] | None = None):
     """-> dx (x's shape and dtype), dw (G, D) float32, dz (z's dtype; None without z). With ``ds`` (like x,
     contiguous) dx adds it (the gradient x got from its other uses). With ``r_dtype`` (the residual form, x then
     being s = x + r) also -> dr, the same gradient in r_dtype."""
     G, R, D = x.shape
-    BR, BD, NB = _blocks(R, D)
+    BR, BD, NB, warps = _blocks(R, D, tile)
     dx = torch.empty_like(x)
     dz = None if z is None else torch.empty_like(z)
     dr = None if r_dtype is None else torch.empty(G, R, D, dtype=r_dtype, device=x.device)
@@ -107,6 +119,6 @@ def backward(x: torch.Tensor, w: torch.Tensor, rstd: torch.Tensor, dy: torch.Ten
     if G and R:
         _bwd_kernel[(G, NB)](x, x if z is None else z, w, rstd, dy, dx, dx if z is None else dz, dwp,
                              dx if ds is None else ds, dx if dr is None else dr, R, D, NB, BR=BR, BD=BD,
-                             GATE=z is not None, HAS_DS=ds is not None, RES=dr is not None)
+                             GATE=z is not None, HAS_DS=ds is not None, RES=dr is not None, num_warps=warps)
     out = dx, dwp.sum(1), dz
     return out if r_dtype is None else (*out, dr)

@@ -324,6 +324,15 @@ def heartbeat(storage, trial_id: int | list[int], interval: float = HEARTBEAT_S)
         th.join(timeout=5)
 
 
+def not_failed_by_interrupt() -> None:
+    """Before a run is told FAIL (or its failed row written): if Ctrl-C or SIGTERM was asked for
+    meanwhile, raise it, so that the trial, still RUNNING, is given back (:func:`given_back_on_interrupt`)
+    and rerun, instead of holding its slot as a failure. A signal's exception that lands in a library
+    can come out as another error (a C extension's SystemError, a RuntimeError that wraps it), which
+    the run then reports as its own failure."""
+    raise_if_interrupted()
+
+
 def _record_failure(ctx, frozen, tag: str, e: Exception) -> None:
     """Mark a claimed trial FAIL with a one-line reason; the traceback goes to the worker log."""
     ctx.trainer_log(traceback.format_exc())
@@ -335,7 +344,11 @@ def _record_failure(ctx, frozen, tag: str, e: Exception) -> None:
 
 
 def _finish(storage, trial_id: int, state, value: float | None = None, reason: str | None = None) -> bool:
+    """Finish the trial; False when it was finished meanwhile. A FAIL while an interrupt was asked
+    for raises that interrupt instead (:func:`not_failed_by_interrupt`)."""
     from optuna.exceptions import UpdateFinishedTrialError
+    if state == _states().FAIL:
+        not_failed_by_interrupt()
     try:
         if reason:
             storage.set_trial_user_attr(trial_id, "reason", reason)
@@ -828,6 +841,8 @@ def run_final(ctx: Context, u: Unit, fid: int, frozen) -> None:
             _record_failure(ctx, frozen, tag, e)
             return
         row = rows[0]
+        if row["state"] != "COMPLETE":
+            not_failed_by_interrupt()   # before its row is written
         now = ctx.storage.get_trial(frozen._trial_id)
         if now.state != TS.RUNNING or seed in existing_rows(ctx.results, u.task, u.study):
             ctx.log(f"{tag}: finished elsewhere meanwhile; row not written")
@@ -905,6 +920,8 @@ def run_final_batch(ctx: Context, u: Unit, fid: int, frozens: list) -> None:
             for f, _, tag in todo:
                 _record_failure(ctx, f, tag, e)
             return
+        if any(r["state"] != "COMPLETE" for r in rows):
+            not_failed_by_interrupt()   # before any row is written
         for i, ((f, seed, tag), row) in enumerate(zip(todo, rows)):
             now = ctx.storage.get_trial(f._trial_id)
             if now.state != TS.RUNNING or seed in existing_rows(ctx.results, u.task, u.study):
