@@ -6,17 +6,23 @@ activations of fixed positional features of the lag, times an exponential decay 
 convolution is linear (never circular) and causal at every length: up to ``DIRECT_MAX_LEN`` a product with
 each channel's causal Toeplitz matrix, beyond it an FFT convolution zero-padded to at least 2T; the filter's
 value at lag t does not depend on the sequence length. Paths, in PyTorch, by length: ``torch-toeplitz`` up to
-``DIRECT_MAX_LEN``, ``torch-fft`` beyond.
+``DIRECT_MAX_LEN``, ``torch-fft`` beyond; on a GPU each FFT step (the convolution, the bias and the gate) is one
+autograd Function with the convolution's adjoint as its backward (``mixzoo.kernels.fftconv``; the run's kernels
+then name ``fftconv``; ``MIXZOO_HYENA_CONV=torch`` keeps the composition).
 """
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels import fftconv as _fftconv
+from ..kernels.fftconv import fft_causal_conv
 from ..registry import register_mixer
+from . import _fla
 from .common import ShortConv
 
 
@@ -60,14 +66,6 @@ class ImplicitFilter(nn.Module):
 DIRECT_MAX_LEN = 256
 
 
-def fft_causal_conv(u: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    """y[..., c, t] = Σ_{s<=t} h[c, t-s] u[..., c, s], u (B, C, T), h (C, T); float32."""
-    T = u.shape[-1]
-    n = 1 << (2 * T - 1).bit_length()                       # power of two >= 2T
-    y = torch.fft.irfft(torch.fft.rfft(u.float(), n=n) * torch.fft.rfft(h.float(), n=n), n=n)
-    return y[..., :T]
-
-
 def direct_causal_conv(u: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     """fft_causal_conv's result as y[:, c] = H_c u[:, c] with H_c[t, s] = h[c, t-s] (s <= t, else 0);
     float32, autocast off (the products stay float32, as the FFTs do)."""
@@ -78,9 +76,15 @@ def direct_causal_conv(u: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         return torch.einsum("cts,bcs->bct", H, u.float())
 
 
+def direct(T: int) -> bool:
+    """Whether length T takes the Toeplitz products: up to DIRECT_MAX_LEN, unless ``MIXZOO_HYENA_PATH=fft`` (FFTs
+    at every length, to time the two paths against each other)."""
+    return T <= DIRECT_MAX_LEN and os.environ.get("MIXZOO_HYENA_PATH") != "fft"
+
+
 def causal_conv(u: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    """The long convolution of u (B, C, T) with filters h (C, T): direct up to DIRECT_MAX_LEN, else FFTs."""
-    return (direct_causal_conv if u.shape[-1] <= DIRECT_MAX_LEN else fft_causal_conv)(u, h)
+    """The long convolution of u (B, C, T) with filters h (C, T): direct products (``direct``), else FFTs."""
+    return (direct_causal_conv if direct(u.shape[-1]) else fft_causal_conv)(u, h)
 
 
 @register_mixer("hyena", search_space={
@@ -109,9 +113,14 @@ class Hyena(nn.Module):
         u = self.short(self.in_proj(x)).transpose(1, 2)                     # (B, (N+1)D, T)
         *gates, v = u.split(D, dim=1)
         h = self.filter(T, x.device).view(self.order, D, T)
-        self.backend = "torch-toeplitz" if T <= DIRECT_MAX_LEN else "torch-fft"
-        v = v.float()
+        self.backend = "torch-toeplitz" if direct(T) else "torch-fft"
+        fused = not direct(T) and _fftconv.runs_on(v)
+        if not fused:
+            v = v.float()
         for n in range(self.order):
+            if fused:   # the FFT step as one autograd Function (mixzoo.kernels.fftconv; folded when stacking)
+                v = _fla._op("mixzoo.kernels.fftconv", "gated_fft_conv")(v, gates[n], h[n], self.bias[n])
+                continue
             # x_n (h_n * v + b_n v): one multiply-add, then the product with the bfloat16 gate, promoted inside
             # the product (no float32 copy of the gate)
             v = gates[n] * torch.addcmul(causal_conv(v, h[n]), v, self.bias[n, :, None])

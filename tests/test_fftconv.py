@@ -1,0 +1,148 @@
+"""mixzoo.kernels.fftconv: Hyena's FFT step as one autograd Function (its backward the convolution's adjoint),
+against autograd's composition: gradcheck in float64, the reference's numbers in float64 and float32 (with a bf16
+gate and value, as under autocast), K models folded under vmap as the loop of them, the Hyena layer with and
+without it, and stacked training against separate runs with it on (``MIXZOO_HYENA_CONV=fused``: by default it
+runs on CUDA only)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mixzoo.kernels import fftconv as F
+
+
+@pytest.fixture
+def fused(monkeypatch):
+    monkeypatch.setenv("MIXZOO_HYENA_CONV", "fused")
+
+
+def _inputs(B, C, T, dt, gen, vdt=None, gdt=None):
+    v = torch.randn(B, C, T, generator=gen, dtype=torch.float64).to(vdt or dt).requires_grad_()
+    g = torch.randn(B, C, T, generator=gen, dtype=torch.float64).to(gdt or dt).requires_grad_()
+    h = (torch.randn(C, T, generator=gen, dtype=torch.float64) * torch.exp(-torch.arange(T) / 50.)).to(dt).requires_grad_()
+    b = torch.randn(C, generator=gen, dtype=torch.float64).to(dt).requires_grad_()
+    return v, g, h, b
+
+
+def test_gradcheck_float64(fused):
+    v, g, h, b = _inputs(2, 3, 37, torch.float64, torch.Generator().manual_seed(0))
+    assert torch.autograd.gradcheck(lambda *a: F._GatedFFTConv.apply(*(x[None] for x in a))[0], (v, g, h, b))
+
+
+@pytest.mark.parametrize("T", [5, 64, 300])
+def test_the_reference_s_numbers(fused, T):
+    """float64: equal to 1e-12; float32 with a bf16 value and gate (autocast's): the gradients' dtypes as autograd's,
+    within float32 rounding of the reference computed in float64."""
+    gen = torch.Generator().manual_seed(T)
+    v, g, h, b = _inputs(3, 4, T, torch.float64, gen)
+    do = torch.randn(3, 4, T, generator=gen, dtype=torch.float64)
+    out, ref = F.gated_fft_conv(v, g, h, b), F.gated_fft_conv_torch(v, g, h, b)
+    ga, gb = torch.autograd.grad(out, (v, g, h, b), do), torch.autograd.grad(ref, (v, g, h, b), do)
+    assert float((out - ref).detach().abs().max()) < 1e-12
+    assert all(float((x - y).abs().max()) < 1e-12 * max(1., float(y.abs().max())) for x, y in zip(ga, gb))
+    lo = [x.detach().to(torch.bfloat16 if i < 2 else torch.float32).requires_grad_() for i, x in enumerate((v, g, h, b))]
+    out32 = F.gated_fft_conv(*lo)
+    assert out32.dtype == torch.float32
+    g32 = torch.autograd.grad(out32, lo, do.float())
+    hi = [x.detach().double().requires_grad_() for x in lo]
+    ref64 = F.gated_fft_conv_torch(*hi)
+    g64 = torch.autograd.grad(ref64, hi, do)
+    assert [x.dtype for x in g32] == [torch.bfloat16, torch.bfloat16, torch.float32, torch.float32]
+    assert float((out32 - ref64).norm() / ref64.norm()) < 1e-6
+    for x, y, tol in zip(g32, g64, (1e-2, 1e-2, 1e-5, 1e-5)):       # bf16 gradients rounded once
+        assert float((x.double() - y).norm() / y.norm()) < tol
+
+
+def test_folded_under_vmap_is_the_loop_of_models(fused):
+    """K = 3 models' steps under vmap (folding(): one call of 3 groups) give each model's own call."""
+    from mixzoo.models import _fla
+    from mixzoo.train.vmapfold import folding
+    gen = torch.Generator().manual_seed(1)
+    K, B, C, T = 3, 2, 4, 40
+    v, g = (torch.randn(K, B, C, T, generator=gen, dtype=torch.float64) for _ in range(2))
+    h, b = torch.randn(K, C, T, generator=gen, dtype=torch.float64), torch.randn(K, C, generator=gen, dtype=torch.float64)
+    ins = [x.clone().requires_grad_() for x in (v, g, h, b)]
+    calls = []
+    real = F._GatedFFTConv.apply
+
+    def spy(*a):
+        calls.append(tuple(a[0].shape))
+        return real(*a)
+    with folding():
+        op = _fla._op("mixzoo.kernels.fftconv", "gated_fft_conv")
+        try:
+            F._GatedFFTConv.apply = spy
+            out = torch.func.vmap(op)(*ins)
+        finally:
+            F._GatedFFTConv.apply = real
+    assert calls == [(K, B, C, T)]
+    do = torch.randn(K, B, C, T, generator=gen, dtype=torch.float64)
+    grads = torch.autograd.grad(out, ins, do)
+    for k in range(K):
+        one = [x[k].clone().requires_grad_() for x in (v, g, h, b)]
+        o = F.gated_fft_conv(*one)
+        torch.testing.assert_close(out[k], o, rtol=1e-12, atol=1e-12)
+        for got, want in zip(grads, torch.autograd.grad(o, one, do[k])):
+            torch.testing.assert_close(got[k], want, rtol=1e-10, atol=1e-12)
+
+
+def test_hyena_layer_with_and_without_it(monkeypatch):
+    """The Hyena layer at length 300 (FFT path) under bf16 autocast: the same output with the Function (its forward
+    runs the composition's operators) and gradients within float32 reordering; it is named in the kernels ran; at
+    length 200 (Toeplitz path) it is not used."""
+    from mixzoo import kernels
+    from mixzoo.models.hyena import Hyena
+    torch.manual_seed(0)
+    m = Hyena(16)
+    res = {}
+    for how in ("torch", "fused"):
+        monkeypatch.setenv("MIXZOO_HYENA_CONV", how)
+        for T in (300, 200):
+            kernels.reset()
+            x = torch.randn(2, T, 16, generator=torch.Generator().manual_seed(T)).requires_grad_()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                y = m(x)
+            y.float().sum().backward()
+            res[how, T] = (y.detach().float(), x.grad.clone(), [p.grad.clone() for p in m.parameters()], kernels.ran())
+            m.zero_grad()
+    assert res["fused", 300][3] == "fftconv" and res["torch", 300][3] is None and res["fused", 200][3] is None
+    for T in (300, 200):
+        a, b = res["fused", T], res["torch", T]
+        assert torch.equal(a[0], b[0])
+        torch.testing.assert_close(a[1], b[1], rtol=2e-2, atol=1e-3)    # bf16 input gradient
+        for pa, pb in zip(a[2], b[2]):
+            assert float((pa - pb).norm()) <= 1e-4 * float(pb.norm()) + 1e-6
+
+
+def test_stacked_training_with_it_gives_each_run_s_numbers(fused):
+    """K = 2 runs of Hyena at length 272 (FFT path) as one stacked model give the separate runs' numbers
+    (tests/test_stacked.py's tolerances for Hyena), every run naming the Function among its kernels."""
+    from mixzoo.models import ModelConfig
+    from mixzoo.tasks.mqar import MQAR
+    from mixzoo.train import TrainConfig, train
+    from mixzoo.train.stacked import train_stacked
+    task, mcfg = MQAR(V=32, L=272, kv=2), ModelConfig(d_model=16, num_heads=2)
+    base = dict(steps=4, batch_size=2, eval_every=2, n_train=8, n_val=4, n_test=4, eval_batch_size=4)
+    cfgs = [TrainConfig(lr=lr, **base) for lr in (3e-3, 1e-2)]
+    solo = [train(task, "hyena", {}, mcfg, c, seed=0, device="cpu") for c in cfgs]
+    stacked = train_stacked(task, "hyena", {}, mcfg, cfgs, (0, 0), device="cpu")
+    for r, q in zip(solo, stacked):
+        assert r.state == q.state == "COMPLETE" and "fftconv" in r.kernels and "fftconv" in q.kernels
+        for a, b in zip(r.history, q.history):
+            for k in ("train_loss", "loss"):
+                assert abs(a[k] - b[k]) <= 3e-4 * abs(a[k]), (k, a[k], b[k])
+
+
+def test_the_switch_is_checked():
+    import os
+
+    from mixzoo import kernels
+    old = os.environ.get("MIXZOO_HYENA_CONV")
+    try:
+        os.environ["MIXZOO_HYENA_CONV"] = "fast"
+        assert kernels.switch_error() == "MIXZOO_HYENA_CONV='fast'; allowed: fused, torch (or unset)"
+    finally:
+        if old is None:
+            os.environ.pop("MIXZOO_HYENA_CONV")
+        else:
+            os.environ["MIXZOO_HYENA_CONV"] = old
