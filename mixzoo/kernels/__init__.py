@@ -55,9 +55,9 @@ REC_TILES = ("tuned", "old")
 # GLA's five input projections (q, k, v, the output gate, the decay's low-rank input): one matmul over their weights
 # concatenated (the default), or five (the form before; the parameters are the same either way)
 GLA_PROJ = ("fused", "separate")
-# Hyena's FFT step (fftconv): the autograd Function ("fused"; by default on CUDA only, so that CPU runs keep their
-# numbers; "fused" takes it on the CPU too) or the composition autograd differentiates ("torch")
-HYENA_CONV = ("fused", "torch")
+# Hyena's FFT step (fftconv): the composition autograd differentiates ("torch", the default until the Function is
+# timed on the GPU) or the autograd Function ("fused")
+HYENA_CONV = ("torch", "fused")
 # Hyena's long convolution by length: Toeplitz products up to models.hyena.DIRECT_MAX_LEN, FFTs beyond ("by-length",
 # the default), or FFTs at every length ("fft", to time the paths against each other)
 HYENA_PATH = ("by-length", "fft")

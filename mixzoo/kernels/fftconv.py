@@ -18,9 +18,10 @@ reference up to float32 rounding (its forward's operators are the same ones; the
 
 Shapes: v (B, C, T) float32 or bf16, g like v (any strides), h (C, T), b (C,) -> out (B, C, T) float32 (g's
 product with a float32 z, as PyTorch promotes it). Under ``torch.func.vmap`` (stacked training) the K models are
-one call (``_fold``: K groups, each with its own filters and biases). ``runs_on(v)``: on a CUDA tensor unless
-``MIXZOO_HYENA_CONV=torch`` (the composition, to time one against the other); ``fused`` takes it on any device
-(the CPU tests). Imports nothing of mixzoo.
+one call (``_fold``: K groups, each with its own filters and biases). ``runs_on(v)``: with
+``MIXZOO_HYENA_CONV=fused``, on any device; unset (or ``torch``) the model keeps the composition, until the
+Function has been timed against it in the GPU's training step (it has run only on the CPU so far). Imports
+nothing of mixzoo.
 """
 from __future__ import annotations
 
@@ -51,8 +52,7 @@ def gated_fft_conv_torch(v: torch.Tensor, g: torch.Tensor, h: torch.Tensor, b: t
 
 def runs_on(v: torch.Tensor) -> bool:
     """Whether ``gated_fft_conv`` of v takes the Function (v may be a tensor vmap batches)."""
-    how = os.environ.get("MIXZOO_HYENA_CONV")
-    return how != "torch" and (v.is_cuda or how == "fused") and not torch.compiler.is_compiling()
+    return os.environ.get("MIXZOO_HYENA_CONV") == "fused" and not torch.compiler.is_compiling()
 
 
 class _GatedFFTConv(torch.autograd.Function):

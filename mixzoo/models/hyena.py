@@ -6,9 +6,9 @@ activations of fixed positional features of the lag, times an exponential decay 
 convolution is linear (never circular) and causal at every length: up to ``DIRECT_MAX_LEN`` a product with
 each channel's causal Toeplitz matrix, beyond it an FFT convolution zero-padded to at least 2T; the filter's
 value at lag t does not depend on the sequence length. Paths, in PyTorch, by length: ``torch-toeplitz`` up to
-``DIRECT_MAX_LEN``, ``torch-fft`` beyond; on a GPU each FFT step (the convolution, the bias and the gate) is one
-autograd Function with the convolution's adjoint as its backward (``mixzoo.kernels.fftconv``; the run's kernels
-then name ``fftconv``; ``MIXZOO_HYENA_CONV=torch`` keeps the composition).
+``DIRECT_MAX_LEN``, ``torch-fft`` beyond. With ``MIXZOO_HYENA_CONV=fused`` each FFT step (the convolution, the
+bias and the gate) is one autograd Function with the convolution's adjoint as its backward
+(``mixzoo.kernels.fftconv``; the run's kernels then name ``fftconv``).
 """
 from __future__ import annotations
 
