@@ -1,6 +1,7 @@
 #!/bin/bash
 # The GPU runs behind the zoo-matrix work (run from the repository root on the lent GPU machine,
-# with .whl/ and .gpu/ carried and $OUT set). Parts, any number, run at once in the background:
+# with .whl/ and .gpu/ carried and $OUT set; scripts/device-wheels.sh makes .whl/ and .gpu/mamba-whl/ here). Parts, any
+# number, run at once in the background:
 #   zoo          mixzoo check-zoo over the whole matrix (W workers, default 10)
 #   div:CASE:M[:S] benchmarks/divergence.py CASE --model M [--stop-at S] (CASE: mqar512 mqar512d64 state48
 #                selcopy; HP="k=v ..." extra)
