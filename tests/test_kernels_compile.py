@@ -59,8 +59,8 @@ def _cases():
                   **st("v"), **st("d"), **st("o")}, dict(C=BC, BK=K, BV=V, BF16=bf16))]
     for dt in ("bf16", "fp32"):
         out += [
-            ("swiglu fwd " + dt, S._fwd_kernel, dict(h=P(dt), o=P(dt), N="i64", F="i32"), dict(BLOCK=S.BLOCK)),
-            ("swiglu bwd " + dt, S._bwd_kernel, dict(h=P(dt), do=P(dt), dh=P(dt), N="i64", F="i32"), dict(BLOCK=S.BLOCK)),
+            ("swiglu fwd " + dt, S._fwd_kernel, dict(h=P(dt), o=P(dt), N="i64", F="i32"), dict(BLOCK=S.TILE[0])),
+            ("swiglu bwd " + dt, S._bwd_kernel, dict(h=P(dt), do=P(dt), dh=P(dt), N="i64", F="i32"), dict(BLOCK=S.TILE[0])),
             *[(f"rmsnorm fwd {dt} gate={gate} res={res}", N._fwd_kernel,
                dict(x=P(dt), z=P(dt), w=P("fp32"), y=P("bf16" if res else "fp32"), rstd=P("fp32"), res=P("bf16"),
                     s=P(dt), R="i32", D="i32", NB="i32", eps="fp32"),
