@@ -1,6 +1,7 @@
 """The built-in mechanisms: contract checks, references against oracles, functional cores."""
 from __future__ import annotations
 
+import copy
 import sys
 
 import pytest
@@ -316,6 +317,21 @@ def test_hyena_direct_and_fft_convolutions_agree():
         g2 = torch.autograd.grad(want, (u, h), dy)
         for a, b in zip(g1, g2):
             torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5)
+
+
+def test_hyena_in_float64_is_a_float64_reference():
+    """A float64 Hyena (the GPU tests' reference) computes its filters and convolutions in float64 on both paths
+    (Toeplitz at 200, FFT at 300), within float32 rounding of the float32 layer."""
+    from mixzoo.models.hyena import Hyena
+    torch.manual_seed(0)
+    m = Hyena(16)
+    md = copy.deepcopy(m).double()
+    for T in (200, 300):
+        x = torch.randn(2, T, 16, generator=torch.Generator().manual_seed(T))
+        with torch.no_grad():
+            y, yd = m(x), md(x.double())
+        assert yd.dtype == torch.float64 and md.filter(T, x.device).dtype == torch.float64
+        assert float((y.double() - yd).norm() / yd.norm()) < 1e-5
 
 
 def test_hyena_is_causal_and_length_consistent_at_long_length():

@@ -50,8 +50,10 @@ class ImplicitFilter(nn.Module):
         self.register_buffer("rates", rates * 10.0, persistent=False)
 
     def forward(self, T: int, device) -> torch.Tensor:
-        t = torch.arange(T, device=device, dtype=torch.float32)[:, None] / self.L        # (T, 1)
-        f = torch.arange(1, self.bands + 1, device=device, dtype=torch.float32)[None, :]
+        # float32 lag features (float64 in a float64 model: a reference)
+        dt = torch.float64 if self.mlp[0].weight.dtype == torch.float64 else torch.float32
+        t = torch.arange(T, device=device, dtype=dt)[:, None] / self.L                    # (T, 1)
+        f = torch.arange(1, self.bands + 1, device=device, dtype=dt)[None, :]
         z = torch.cat([t, torch.cos(2 * math.pi * f * t), torch.sin(2 * math.pi * f * t)], dim=-1)
         h = self.mlp(z)                                                                 # (T, C)
         window = torch.exp(-t * self.rates[None, :].to(device))
@@ -68,12 +70,13 @@ DIRECT_MAX_LEN = 256
 
 def direct_causal_conv(u: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     """fft_causal_conv's result as y[:, c] = H_c u[:, c] with H_c[t, s] = h[c, t-s] (s <= t, else 0);
-    float32, autocast off (the products stay float32, as the FFTs do)."""
+    float32 (float64 for float64 u), autocast off (the products stay float32, as the FFTs do)."""
     T = u.shape[-1]
+    dt = torch.float64 if u.dtype == torch.float64 else torch.float32
     with torch.autocast(u.device.type, enabled=False):
         # windows of h padded by T-1 zeros in front: w[c, t, j] = h[c, t + j - (T-1)]; flipped, H[c, t, s] = h[c, t-s]
-        H = F.pad(h.float(), (T - 1, 0)).unfold(-1, T, 1).flip(-1)          # (C, T, T)
-        return torch.einsum("cts,bcs->bct", H, u.float())
+        H = F.pad(h.to(dt), (T - 1, 0)).unfold(-1, T, 1).flip(-1)          # (C, T, T)
+        return torch.einsum("cts,bcs->bct", H, u.to(dt))
 
 
 def direct(T: int) -> bool:
@@ -115,7 +118,7 @@ class Hyena(nn.Module):
         h = self.filter(T, x.device).view(self.order, D, T)
         self.backend = "torch-toeplitz" if direct(T) else "torch-fft"
         fused = not direct(T) and _fftconv.runs_on(v)
-        if not fused:
+        if not fused and v.dtype != torch.float64:     # float32 (float64 in a float64 model: a reference)
             v = v.float()
         for n in range(self.order):
             if fused:   # the FFT step as one autograd Function (mixzoo.kernels.fftconv; folded when stacking)
