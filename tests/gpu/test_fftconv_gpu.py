@@ -8,12 +8,9 @@ import copy
 
 import pytest
 import torch
+from layer_check import layer_grads, rel
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
-
-
-def _rel(a, b):
-    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
 
 
 @pytest.mark.parametrize("T", [512, 2048])
@@ -37,7 +34,7 @@ def test_the_step_against_float64_beside_the_composition(T):
         ins = [t.clone().requires_grad_() for t in (v, gate, h, b)]
         out = fn(*ins)
         got = [out.detach(), *torch.autograd.grad(out, ins, do)]
-        errs[name] = [_rel(a, w) for a, w in zip(got, wants)]
+        errs[name] = [rel(a, w) for a, w in zip(got, wants)]
     print(T, errs)
     for e_f, e_t in zip(errs["fused"], errs["torch"]):
         assert e_f <= 1.5 * e_t + 1e-6, errs
@@ -57,13 +54,9 @@ def test_mad_layer_against_float64_beside_the_composition(T, monkeypatch):
     dy = torch.randn(4, T, 128, device="cuda", generator=g)
 
     def run(mod, xx, amp):
-        xx = xx.clone().requires_grad_()
-        mod.zero_grad()
         kernels.reset()
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
-            y = mod(xx)
-        (y.to(dy.dtype) * dy).sum().backward()
-        return kernels.ran(), [y.detach(), xx.grad] + [p.grad for p in mod.parameters()]
+        grads = layer_grads(mod, xx, dy, amp)
+        return kernels.ran(), grads
 
     monkeypatch.setenv("MIXZOO_HYENA_CONV", "torch")
     _, want = run(ref, x.double(), False)
@@ -71,7 +64,7 @@ def test_mad_layer_against_float64_beside_the_composition(T, monkeypatch):
     for how in ("fused", "torch"):
         monkeypatch.setenv("MIXZOO_HYENA_CONV", how)
         ran, got = run(m, x, True)
-        errs[how] = (ran, [_rel(a, b) for a, b in zip(got, want)])
+        errs[how] = (ran, [rel(a, b) for a, b in zip(got, want)])
     print(T, errs)
     assert errs["fused"][0] == "fftconv" and errs["torch"][0] is None, errs
     for e_f, e_t in zip(errs["fused"][1], errs["torch"][1]):

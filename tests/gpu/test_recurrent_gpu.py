@@ -7,6 +7,7 @@ import copy
 
 import pytest
 import torch
+from layer_check import layer_grads, rel
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -14,10 +15,6 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 def test_self_check_on_the_device():
     from mixzoo.kernels import recurrent
     assert recurrent.usable(torch.cuda.current_device())
-
-
-def _rel(a, b):
-    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
 
 
 SWITCH = {"gdn": "MIXZOO_GDN", "gla": "MIXZOO_GLA_CORE"}
@@ -37,19 +34,15 @@ def test_mad_layer_against_float64_beside_fla(name, T, neg, monkeypatch):
     dy = torch.randn(4, T, 128, device="cuda", generator=g)
 
     def run(mod, xx, amp):
-        xx = xx.clone().requires_grad_()
-        mod.zero_grad()
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=amp):
-            y = mod(xx)
-        (y.to(dy.dtype) * dy).sum().backward()
-        return mod.backend, [y.detach(), xx.grad] + [p.grad for p in mod.parameters()]
+        grads = layer_grads(mod, xx, dy, amp)
+        return mod.backend, grads
 
     _, want = run(ref, x.double(), False)
     errs = {}
     for path in ("rec", "fla"):
         monkeypatch.setenv(SWITCH[name], path)
         backend, got = run(m, x, True)
-        errs[path] = (backend, [_rel(a, b) for a, b in zip(got, [w.to(dy.dtype) for w in want])])
+        errs[path] = (backend, [rel(a, b) for a, b in zip(got, [w.to(dy.dtype) for w in want])])
     print(name, T, neg, errs)
     assert errs["rec"][0] == "triton-rec" and errs["fla"][0].startswith("fla-chunk"), errs
     for e_rec, e_fla in zip(errs["rec"][1], errs["fla"][1]):
