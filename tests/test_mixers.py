@@ -300,10 +300,13 @@ def test_cores_match_their_definitions():
         torch.testing.assert_close(gdn_core(q, k, v, beta=beta, decay=gam)[i], S @ q[i])
 
 
-def test_hyena_direct_and_fft_convolutions_agree():
-    """The Toeplitz product and the FFT convolution are the same causal sums, with the same gradients:
-    both equal the sums written out in float64, to their float32 rounding."""
+@pytest.mark.parametrize("toeplitz", ["unfold", "gather"])
+def test_hyena_direct_and_fft_convolutions_agree(toeplitz, monkeypatch):
+    """The Toeplitz product (its matrix built by unfolding or by one gather) and the FFT convolution are the
+    same causal sums, with the same gradients: both equal the sums written out in float64, to their float32
+    rounding."""
     from mixzoo.models.hyena import direct_causal_conv, fft_causal_conv
+    monkeypatch.setenv("MIXZOO_HYENA_TOEPLITZ", toeplitz)
     g0 = torch.Generator().manual_seed(0)
     for T in (1, 7, 64):
         u = torch.randn(3, 5, T, generator=g0, dtype=torch.float64, requires_grad=True)
