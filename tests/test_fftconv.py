@@ -1,8 +1,8 @@
 """mixzoo.kernels.fftconv: Hyena's FFT step as one autograd Function (its backward the convolution's adjoint),
 against autograd's composition: gradcheck in float64, the reference's numbers in float64 and float32 (with a bf16
 gate and value, as under autocast), K models folded under vmap as the loop of them, the Hyena layer with and
-without it, and stacked training against separate runs with it on (``MIXZOO_HYENA_CONV=fused``; unset, the
-model keeps the composition)."""
+without it, and stacked training against separate runs with it on (the default, or ``MIXZOO_HYENA_CONV=fused``;
+``MIXZOO_HYENA_CONV=torch`` keeps the composition)."""
 from __future__ import annotations
 
 import pytest
@@ -109,7 +109,7 @@ def test_hyena_layer_with_and_without_it(monkeypatch):
             res[how, T] = (y.detach().float(), x.grad.clone(), [p.grad.clone() for p in m.parameters()], kernels.ran())
             m.zero_grad()
     assert res["fused", 300][3] == "fftconv" and res["fused", 200][3] is None
-    assert res["torch", 300][3] is None and res[None, 300][3] is None     # unset: the composition
+    assert res["torch", 300][3] is None and res[None, 300][3] == "fftconv"     # unset: the Function
     for T in (300, 200):
         a, b = res["fused", T], res["torch", T]
         assert torch.equal(a[0], b[0])
@@ -144,7 +144,7 @@ def test_the_switch_is_checked():
     old = os.environ.get("MIXZOO_HYENA_CONV")
     try:
         os.environ["MIXZOO_HYENA_CONV"] = "fast"
-        assert kernels.switch_error() == "MIXZOO_HYENA_CONV='fast'; allowed: torch, fused (or unset)"
+        assert kernels.switch_error() == "MIXZOO_HYENA_CONV='fast'; allowed: fused, torch (or unset)"
     finally:
         if old is None:
             os.environ.pop("MIXZOO_HYENA_CONV")

@@ -256,7 +256,8 @@ def test_mesa_fast_path_hands_fla_unnormalized_q_k_and_asks_it_to_normalize(swit
     convolution, padded, with use_qk_l2norm_in_kernel=True (fla normalizes them inside the call); with
     MIXZOO_MESA_L2NORM=torch normalized before the call, with the flag off. With a stand-in for fla's op
     that does what its flag says and reads out exactly, the layer equals the torch-exact path either way,
-    values and gradients, at a head of 8 padded to 16 and a length padded to 64."""
+    values and gradients, at a head of 8 padded to 16 (MIXZOO_FLA_PAD=16) and a length padded to 64."""
+    monkeypatch.setenv("MIXZOO_FLA_PAD", "16")
     if switch:
         monkeypatch.setenv("MIXZOO_MESA_L2NORM", switch)
     else:
@@ -300,13 +301,10 @@ def test_cores_match_their_definitions():
         torch.testing.assert_close(gdn_core(q, k, v, beta=beta, decay=gam)[i], S @ q[i])
 
 
-@pytest.mark.parametrize("toeplitz", ["unfold", "gather"])
-def test_hyena_direct_and_fft_convolutions_agree(toeplitz, monkeypatch):
-    """The Toeplitz product (its matrix built by unfolding or by one gather) and the FFT convolution are the
-    same causal sums, with the same gradients: both equal the sums written out in float64, to their float32
-    rounding."""
+def test_hyena_direct_and_fft_convolutions_agree():
+    """The Toeplitz product and the FFT convolution are the same causal sums, with the same gradients:
+    both equal the sums written out in float64, to their float32 rounding."""
     from mixzoo.models.hyena import direct_causal_conv, fft_causal_conv
-    monkeypatch.setenv("MIXZOO_HYENA_TOEPLITZ", toeplitz)
     g0 = torch.Generator().manual_seed(0)
     for T in (1, 7, 64):
         u = torch.randn(3, 5, T, generator=g0, dtype=torch.float64, requires_grad=True)
@@ -434,9 +432,10 @@ def test_mesa_cg_steps_by_head_width():
 
 @pytest.mark.parametrize("pad", [None, "16", "none"])
 def test_fla_head_padding_switch(pad, monkeypatch):
-    """MIXZOO_FLA_PAD: gdn's, GLA's and MesaNet's heads go to fla padded to 16 (default, "16") or as they are
-    ("none", backend "+unpadded"); with a stand-in for fla's MesaNet op that reads out exactly, the layer equals
-    the torch-exact path either way."""
+    """MIXZOO_FLA_PAD: gdn's, GLA's and MesaNet's heads go to fla padded to 16 ("16") or as they are ("none",
+    backend "+unpadded"); unset, each mechanism's default: padded for gdn and GLA, unpadded for MesaNet's heads
+    narrower than 16. With a stand-in for fla's MesaNet op that reads out exactly, the layer equals the
+    torch-exact path either way."""
     if pad:
         monkeypatch.setenv("MIXZOO_FLA_PAD", pad)
     else:
@@ -453,8 +452,9 @@ def test_fla_head_padding_switch(pad, monkeypatch):
     ref, fast = _mesa_with_stand_in(seen)
     x = torch.randn(2, 37, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(fast(x), ref(x))
-    assert [c[0] for c in seen] == [(2, 64, 4, 8 if pad == "none" else 16)]
-    assert fast.backend.endswith("+unpadded") == (pad == "none")
+    mesa_unpadded = pad != "16"                     # MesaNet's heads of 8: unpadded unless asked for "16"
+    assert [c[0] for c in seen] == [(2, 64, 4, 8 if mesa_unpadded else 16)]
+    assert fast.backend.endswith("+unpadded") == mesa_unpadded
 
 
 def test_fla_head_padding_switch_is_checked_at_the_edge(monkeypatch):

@@ -69,20 +69,22 @@ def _op(module: str, fn: str):
 MIN_DOT = 16
 
 
-def fla_pad_width() -> int:
-    """The width gdn's, GLA's and MesaNet's narrower heads are zero-padded to before fla's calls: ``MIN_DOT``, or
-    none with ``MIXZOO_FLA_PAD=none``, an experiment not yet measured. Most of those fla kernels (and mixzoo's dqkwg
-    and GLA kernels) take a head of width K in blocks of max(16, next power of two of K) with masked loads,
-    i.e. they pad in registers, and the padding in memory costs copies both ways (gdn at length 1024: about a
-    sixth of its stacked step in the copy, fill and cat kernels, 2026-12-05). It is to be checked against
-    the padded call on a GPU (benchmarks/fla_unpadded.py) before it is used: fla's kernels cannot run under
-    Triton's interpreter. A row's backend then ends in ``+unpadded``."""
-    return 0 if os.environ.get("MIXZOO_FLA_PAD") == "none" else MIN_DOT
+def fla_pad_width(default: str = "16") -> int:
+    """The width a mechanism's narrower heads are zero-padded to before fla's calls: ``MIN_DOT``, or 0 (handed to
+    fla as they are). ``MIXZOO_FLA_PAD`` (``16`` or ``none``) sets it for every mechanism; unset, each caller's
+    ``default``. Most of fla's kernels (and mixzoo's dqkwg and GLA kernels) take a head of width K in blocks of
+    max(16, next power of two of K) with masked loads, i.e. they pad in registers, and padding in memory costs
+    copies both ways. MesaNet's default for heads narrower than 16 is ``none``: at the mad recipe's heads of 8 its layer gave the padded
+    call's output and gradients bit for bit in 0.90x its forward+backward time on an H100 (2026-12-06,
+    benchmarks/fla_unpadded.py; benchmarks/h100-2026-12-06/). gdn's and GLA's fla paths (not their default at heads
+    of 8, which is mixzoo's recurrent scan) keep ``16`` until they are measured so. A row's backend ends in
+    ``+unpadded`` where a head goes unpadded."""
+    return 0 if (os.environ.get("MIXZOO_FLA_PAD") or default) == "none" else MIN_DOT
 
 
-def unpadded_suffix(width: int) -> str:
-    """``+unpadded`` where a head of ``width`` goes to fla as it is under ``MIXZOO_FLA_PAD=none``."""
-    return "+unpadded" if width < MIN_DOT and fla_pad_width() == 0 else ""
+def unpadded_suffix(width: int, default: str = "16") -> str:
+    """``+unpadded`` where a head of ``width`` goes to fla as it is (``fla_pad_width(default)`` is 0)."""
+    return "+unpadded" if width < MIN_DOT and fla_pad_width(default) == 0 else ""
 
 
 def pad_heads(*ts, width: int = MIN_DOT):

@@ -6,9 +6,9 @@ activations of fixed positional features of the lag, times an exponential decay 
 convolution is linear (never circular) and causal at every length: up to ``DIRECT_MAX_LEN`` a product with
 each channel's causal Toeplitz matrix, beyond it an FFT convolution zero-padded to at least 2T; the filter's
 value at lag t does not depend on the sequence length. Paths, in PyTorch, by length: ``torch-toeplitz`` up to
-``DIRECT_MAX_LEN``, ``torch-fft`` beyond. With ``MIXZOO_HYENA_CONV=fused`` each FFT step (the convolution, the
-bias and the gate) is one autograd Function with the convolution's adjoint as its backward
-(``mixzoo.kernels.fftconv``; the run's kernels then name ``fftconv``).
+``DIRECT_MAX_LEN``, ``torch-fft`` beyond. Each FFT step (the convolution, the bias and the gate) is one autograd
+Function with the convolution's adjoint as its backward (``mixzoo.kernels.fftconv``; the run's kernels then name
+``fftconv``); ``MIXZOO_HYENA_CONV=torch`` runs autograd's composition instead (the reference).
 """
 from __future__ import annotations
 
@@ -74,26 +74,12 @@ def direct_causal_conv(u: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     T = u.shape[-1]
     dt = torch.float64 if u.dtype == torch.float64 else torch.float32
     with torch.autocast(u.device.type, enabled=False):
-        if os.environ.get("MIXZOO_HYENA_TOEPLITZ") == "gather":
-            # one gather from h with one zero in front: H[c, t, s] = h0[c, t-s+1] for s <= t, else h0[c, 0] = 0.
-            # H is written once forward; its gradient is summed back into h by one index_put (accumulate)
-            H = F.pad(h.to(dt), (1, 0))[..., _toeplitz_index(T, u.device)]          # (C, T, T)
-        else:
-            # windows of h padded by T-1 zeros in front: w[c, t, j] = h[c, t + j - (T-1)]; flipped, H[c, t, s] = h[c, t-s]
-            H = F.pad(h.to(dt), (T - 1, 0)).unfold(-1, T, 1).flip(-1)          # (C, T, T)
+        # windows of h padded by T-1 zeros in front: w[c, t, j] = h[c, t + j - (T-1)]; flipped, H[c, t, s] = h[c, t-s].
+        # (One gather from h, its backward an index_put with accumulate, wrote fewer bytes but took 1.9x the
+        # stacked step's time at length 128 and 2.9x at 256 on an H100, 2026-12-06: benchmarks/h100-2026-12-06/.)
+        H = F.pad(h.to(dt), (T - 1, 0)).unfold(-1, T, 1).flip(-1)          # (C, T, T)
         return torch.einsum("cts,bcs->bct", H, u.to(dt))
 
-
-_INDEX: dict = {}
-
-
-def _toeplitz_index(T: int, device) -> torch.Tensor:
-    """idx[t, s] = t - s + 1 where s <= t, else 0 (the zero in front of h), cached per length and device."""
-    key = (T, str(device))
-    if key not in _INDEX:
-        t = torch.arange(T, device=device)
-        _INDEX[key] = (t[:, None] - t[None, :] + 1).clamp_(min=0)
-    return _INDEX[key]
 
 
 def direct(T: int) -> bool:

@@ -143,7 +143,7 @@ class MesaNet(nn.Module):
         beta = b.float().sigmoid()
         lamb = F.softplus(self.lam.float()) + self.lmin         # (H, D)
         if fast is not None:
-            self.backend = "fla-chunk" + ("+fla-l2norm" if in_kernel else "") + _fla.unpadded_suffix(self.dh)
+            self.backend = "fla-chunk" + ("+fla-l2norm" if in_kernel else "") + _fla.unpadded_suffix(self.dh, self._pad_default())
             T, D = x.shape[1], self.dh
             # The kernel is run at shapes seen to work on an H200: whole chunks of 64 and the head
             # dims of FLA_HEAD_DIMS. Zero padding is exact: padded positions come
@@ -152,7 +152,7 @@ class MesaNet(nn.Module):
             # so the padding's copy is the only one; without padding, the contiguous copy is.
             q, k, v = (t.transpose(1, 2) for t in (q, k, v))
             pad = -T % 64
-            dpad = next(w for w in FLA_HEAD_DIMS if w >= D) - D if _fla.fla_pad_width() else 0
+            dpad = next(w for w in FLA_HEAD_DIMS if w >= D) - D if _fla.fla_pad_width(self._pad_default()) else 0
             if pad or dpad:
                 q, k, v = (F.pad(t, (0, dpad, 0, 0, 0, pad)) for t in (q, k, v))
                 g, beta = F.pad(g, (0, 0, 0, pad)), F.pad(beta, (0, 0, 0, pad))
@@ -173,6 +173,11 @@ class MesaNet(nn.Module):
             self.backend = "torch-exact"
             o = tt(mesa_exact(q, k, v, g.transpose(1, 2), beta.transpose(1, 2), lamb))
         return self.o_proj(self.o_norm(tt(o), gate))
+
+    def _pad_default(self) -> str:
+        """Heads narrower than 16 go to fla unpadded by default (measured at heads of 8: _fla.fla_pad_width); wider
+        ones keep their padding to FLA_HEAD_DIMS unless ``MIXZOO_FLA_PAD=none``."""
+        return "none" if self.dh < _fla.MIN_DOT else "16"
 
     def state_size(self, seq_len: int) -> int:
         return 2 * self.h * self.dh * self.dh

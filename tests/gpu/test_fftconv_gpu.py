@@ -66,7 +66,8 @@ def test_mad_layer_against_float64_beside_the_composition(T, monkeypatch):
         ran, got = run(m, x, True)
         errs[how] = (ran, [rel(a, b) for a, b in zip(got, want)])
     print(T, errs)
-    assert errs["fused"][0] == "fftconv" and errs["torch"][0] is None, errs
+    # the run's kernels: the Function in the fused run only (the short convolution's kernel runs in both)
+    assert "fftconv" in (errs["fused"][0] or "").split(",") and "fftconv" not in (errs["torch"][0] or ""), errs
     for e_f, e_t in zip(errs["fused"][1], errs["torch"][1]):
         assert e_f <= 1.5 * e_t + 1e-4, errs
 
