@@ -74,11 +74,11 @@ def fla_pad_width(default: str = "16") -> int:
     fla as they are). ``MIXZOO_FLA_PAD`` (``16`` or ``none``) sets it for every mechanism; unset, each caller's
     ``default``. Most of fla's kernels (and mixzoo's dqkwg and GLA kernels) take a head of width K in blocks of
     max(16, next power of two of K) with masked loads, i.e. they pad in registers, and padding in memory costs
-    copies both ways. MesaNet's default for heads narrower than 16 is ``none``: at the mad recipe's heads of 8 its layer gave the padded
-    call's output and gradients bit for bit in 0.90x its forward+backward time on an H100 (2026-12-06,
-    benchmarks/fla_unpadded.py; benchmarks/h100-2026-12-06/). gdn's and GLA's fla paths (not their default at heads
-    of 8, which is mixzoo's recurrent scan) keep ``16`` until they are measured so. A row's backend ends in
-    ``+unpadded`` where a head goes unpadded."""
+    copies both ways. MesaNet's default for heads narrower than 16 is ``none``: at the mad recipe's heads of 8
+    its layer gave the padded call's output and gradients bit for bit in 0.90x its forward+backward time on an
+    H100 (2026-12-06, benchmarks/fla_unpadded.py; benchmarks/h100-2026-12-06/). gdn's and GLA's fla paths (not
+    their default at heads of 8, which is mixzoo's recurrent scan) keep ``16`` until they are measured so. A
+    row's backend ends in ``+unpadded`` where a head goes unpadded."""
     return 0 if (os.environ.get("MIXZOO_FLA_PAD") or default) == "none" else MIN_DOT
 
 
