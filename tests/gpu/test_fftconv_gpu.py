@@ -100,3 +100,33 @@ def test_captured_in_a_cuda_graph():
     torch.cuda.synchronize()
     for a, b_ in zip(outs, want):
         assert torch.equal(a, b_)
+
+
+@pytest.mark.parametrize("mode", ["stacked", "stacked+graphed"])
+def test_stacked_training_at_512_matches_separate_runs(mode, monkeypatch):
+    """MAD's in-context recall at length 512 (Hyena's FFT path, so the Function runs folded under vmap): 3 models
+    trained as one stacked step against each trained alone, 20 steps at batch 32 (the tolerance and the
+    comparison of tests/gpu/test_throughput_gpu.py: training loss at steps 5..20, 2e-2 relative); every run's
+    kernels name the Function."""
+    monkeypatch.setenv("MIXZOO_EAGER_KERNELS", "1")        # the separate runs on the stacked run's kernels
+    from mixzoo.models import RECIPES, ModelConfig
+    from mixzoo.tasks.mad import MADRecall
+    from mixzoo.train import TrainConfig, train
+    from mixzoo.train.stacked import train_stacked
+    task = MADRecall(L=512)
+    data = {split: task.generate(split, n, 0, "cuda") for split, n in (("train", 256), ("val", 32), ("test", 32))}
+    cfg = dict(steps=20, batch_size=32, eval_every=5, eval_batch_size=32)
+    mcfg = ModelConfig(**RECIPES["mad"])
+    cfgs = [TrainConfig(**cfg, lr=lr, step_mode=mode) for lr in (5e-4, 1e-3, 2e-3)]
+    stacked = train_stacked(task, "hyena", {}, mcfg, cfgs, [0, 1, 2], device="cuda", data=data)
+    assert [r.step_mode for r in stacked] == [mode] * 3, stacked[0].step_mode_reason
+    worst = 0.0
+    for c, s, r in zip(cfgs, [0, 1, 2], stacked):
+        alone = train(task, "hyena", {}, mcfg, TrainConfig(**cfg, lr=c.lr), seed=s, device="cuda", data=data)
+        assert r.state == alone.state == "COMPLETE" and r.backend == alone.backend == "torch-fft"
+        assert "fftconv" in (r.kernels or "") and "fftconv" in (alone.kernels or ""), (r.kernels, alone.kernels)
+        a, b = alone.history, r.history
+        assert [h["step"] for h in a] == [h["step"] for h in b] == [5, 10, 15, 20]
+        worst = max(worst, max(abs(x["train_loss"] - y["train_loss"]) / abs(x["train_loss"]) for x, y in zip(a, b)))
+    print(f"{mode}-K3-vs-separate[hyena, length 512]: largest relative difference of the training loss {worst:.2e}")
+    assert worst < 2e-2
