@@ -29,9 +29,10 @@ site=${SITE:-/tmp/site}     # one per concurrent invocation
 [ -d .gpu/mamba-whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --target $site .gpu/mamba-whl/*.whl
 export PYTHONPATH=$site:$PWD MIXZOO_SITE=$site
 mkdir -p $TRITON_CACHE_DIR logs
-# Triton autotune results gathered on H200s (committed: fla's first call of a shape autotunes for
-# minutes without them), then any newer ones carried in .gpu/
-for f in scripts/h200-triton-autotune.tgz .gpu/at*.tgz; do [ -f $f ] && tar xzf $f -C $TRITON_CACHE_DIR; done
+# Triton autotune results (committed: fla's first call of a shape autotunes for minutes without them): those
+# gathered on H100s for shapes no H200 call tuned (mesa's unpadded heads, K = 16, ...), then those gathered on H200s
+# (which win where both have a file), then any newer ones carried in .gpu/
+for f in scripts/h100-triton-autotune.tgz scripts/h200-triton-autotune.tgz .gpu/at*.tgz; do [ -f $f ] && tar xzf $f -C $TRITON_CACHE_DIR; done
 # a damaged autotune file (two processes once wrote fla's chunk_fwd_kernel_h one at once) makes Triton's
 # autotuner raise JSONDecodeError in every later run that reads it: drop such files, they are retuned
 python3 - "$TRITON_CACHE_DIR" <<'PY'
