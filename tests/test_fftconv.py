@@ -14,6 +14,17 @@ from mixzoo.kernels import fftconv as F
 @pytest.fixture
 def fused(monkeypatch):
     monkeypatch.setenv("MIXZOO_HYENA_CONV", "fused")
+    monkeypatch.setenv("MIXZOO_HYENA_TOEPLITZ", "fused")
+
+
+# the two Functions: the FFT step and the Toeplitz step, with their public calls and references
+KINDS = {"fft": ("_GatedFFTConv", "gated_fft_conv", "gated_fft_conv_torch"),
+         "toeplitz": ("_GatedToeplitzConv", "gated_toeplitz_conv", "gated_toeplitz_conv_torch")}
+
+
+def _kind(kind):
+    fn, call, ref = KINDS[kind]
+    return getattr(F, fn), getattr(F, call), getattr(F, ref)
 
 
 def _inputs(B, C, T, dt, gen, vdt=None, gdt=None):
@@ -24,28 +35,42 @@ def _inputs(B, C, T, dt, gen, vdt=None, gdt=None):
     return v, g, h, b
 
 
-def test_gradcheck_float64(fused):
+@pytest.mark.parametrize("kind", KINDS)
+def test_gradcheck_float64(fused, kind):
     v, g, h, b = _inputs(2, 3, 37, torch.float64, torch.Generator().manual_seed(0))
-    assert torch.autograd.gradcheck(lambda *a: F._GatedFFTConv.apply(*(x[None] for x in a))[0], (v, g, h, b))
+    fn = _kind(kind)[0]
+    assert torch.autograd.gradcheck(lambda *a: fn.apply(*(x[None] for x in a))[0], (v, g, h, b))
 
 
+def test_diagonal_sums_are_the_adjoint_of_the_toeplitz_matrix():
+    gen = torch.Generator().manual_seed(3)
+    for T in (1, 2, 7, 33):
+        h = torch.randn(2, 3, T, generator=gen, dtype=torch.float64, requires_grad=True)
+        m = torch.randn(2, 3, T, T, generator=gen, dtype=torch.float64)
+        want = torch.stack([sum(m[..., t, t - k] for t in range(k, T)) for k in range(T)], -1)
+        torch.testing.assert_close(F.diagonal_sums(m), want, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(torch.autograd.grad(F.toeplitz(h), h, m)[0], want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("T", [5, 64, 300])
-def test_the_reference_s_numbers(fused, T):
+def test_the_reference_s_numbers(fused, T, kind):
     """float64: equal to 1e-12; float32 with a bf16 value and gate (autocast's): the gradients' dtypes as autograd's,
     within float32 rounding of the reference computed in float64."""
     gen = torch.Generator().manual_seed(T)
     v, g, h, b = _inputs(3, 4, T, torch.float64, gen)
     do = torch.randn(3, 4, T, generator=gen, dtype=torch.float64)
-    out, ref = F.gated_fft_conv(v, g, h, b), F.gated_fft_conv_torch(v, g, h, b)
+    _, call, reference = _kind(kind)
+    out, ref = call(v, g, h, b), reference(v, g, h, b)
     ga, gb = torch.autograd.grad(out, (v, g, h, b), do), torch.autograd.grad(ref, (v, g, h, b), do)
     assert float((out - ref).detach().abs().max()) < 1e-12
     assert all(float((x - y).abs().max()) < 1e-12 * max(1., float(y.abs().max())) for x, y in zip(ga, gb))
     lo = [x.detach().to(torch.bfloat16 if i < 2 else torch.float32).requires_grad_() for i, x in enumerate((v, g, h, b))]
-    out32 = F.gated_fft_conv(*lo)
+    out32 = call(*lo)
     assert out32.dtype == torch.float32
     g32 = torch.autograd.grad(out32, lo, do.float())
     hi = [x.detach().double().requires_grad_() for x in lo]
-    ref64 = F.gated_fft_conv_torch(*hi)
+    ref64 = reference(*hi)
     g64 = torch.autograd.grad(ref64, hi, do)
     assert [x.dtype for x in g32] == [torch.bfloat16, torch.bfloat16, torch.float32, torch.float32]
     assert float((out32.detach() - ref64.detach()).norm() / ref64.detach().norm()) < 1e-6
@@ -53,7 +78,8 @@ def test_the_reference_s_numbers(fused, T):
         assert float((x.double() - y).norm() / y.norm()) < tol
 
 
-def test_folded_under_vmap_is_the_loop_of_models(fused):
+@pytest.mark.parametrize("kind", KINDS)
+def test_folded_under_vmap_is_the_loop_of_models(fused, kind):
     """K = 3 models' steps under vmap (folding(): one call of 3 groups) give each model's own call."""
     from mixzoo.models import _fla
     from mixzoo.train.vmapfold import folding
@@ -63,24 +89,25 @@ def test_folded_under_vmap_is_the_loop_of_models(fused):
     h, b = torch.randn(K, C, T, generator=gen, dtype=torch.float64), torch.randn(K, C, generator=gen, dtype=torch.float64)
     ins = [x.clone().requires_grad_() for x in (v, g, h, b)]
     calls = []
-    real = F._GatedFFTConv.apply
+    fn, call, _ = _kind(kind)
+    real = fn.apply
 
     def spy(*a):
         calls.append(tuple(a[0].shape))
         return real(*a)
     with folding():
-        op = _fla._op("mixzoo.kernels.fftconv", "gated_fft_conv")
+        op = _fla._op("mixzoo.kernels.fftconv", KINDS[kind][1])
         try:
-            F._GatedFFTConv.apply = spy
+            fn.apply = spy
             out = torch.func.vmap(op)(*ins)
         finally:
-            F._GatedFFTConv.apply = real
+            fn.apply = real
     assert calls == [(K, B, C, T)]
     do = torch.randn(K, B, C, T, generator=gen, dtype=torch.float64)
     grads = torch.autograd.grad(out, ins, do)
     for k in range(K):
         one = [x[k].clone().requires_grad_() for x in (v, g, h, b)]
-        o = F.gated_fft_conv(*one)
+        o = call(*one)
         torch.testing.assert_close(out[k], o, rtol=1e-12, atol=1e-12)
         for got, want in zip(grads, torch.autograd.grad(o, one, do[k])):
             torch.testing.assert_close(got[k], want, rtol=1e-10, atol=1e-12)
@@ -118,20 +145,51 @@ def test_hyena_layer_with_and_without_it(monkeypatch):
             assert float((pa - pb).norm()) <= 1e-4 * float(pb.norm()) + 1e-6
 
 
-def test_stacked_training_with_it_gives_each_run_s_numbers(fused):
-    """K = 2 runs of Hyena at length 272 (FFT path) as one stacked model give the separate runs' numbers
-    (tests/test_stacked.py's tolerances for Hyena), every run naming the Function among its kernels."""
+def test_hyena_layer_with_the_toeplitz_function(monkeypatch):
+    """The Hyena layer at length 200 (Toeplitz path) under bf16 autocast with MIXZOO_HYENA_TOEPLITZ=fused: the
+    composition's output bit for bit (its forward runs the same operators), gradients within float32 reordering,
+    ``toeplitzconv`` among the kernels; unset, the composition runs."""
+    from mixzoo import kernels
+    from mixzoo.models.hyena import Hyena
+    torch.manual_seed(0)
+    m = Hyena(16)
+    res = {}
+    for how in ("torch", "fused", None):
+        if how is None:
+            monkeypatch.delenv("MIXZOO_HYENA_TOEPLITZ", raising=False)
+        else:
+            monkeypatch.setenv("MIXZOO_HYENA_TOEPLITZ", how)
+        kernels.reset()
+        x = torch.randn(2, 200, 16, generator=torch.Generator().manual_seed(1)).requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = m(x)
+        y.float().sum().backward()
+        res[how] = (y.detach().float(), x.grad.clone(), [p.grad.clone() for p in m.parameters()], kernels.ran())
+        m.zero_grad()
+    assert res["fused"][3] == "toeplitzconv" and res["torch"][3] is None and res[None][3] is None
+    a, b = res["fused"], res["torch"]
+    assert torch.equal(a[0], b[0])
+    torch.testing.assert_close(a[1], b[1], rtol=2e-2, atol=1e-3)    # bf16 input gradient
+    for pa, pb in zip(a[2], b[2]):
+        assert float((pa - pb).norm()) <= 1e-4 * float(pb.norm()) + 1e-6
+
+
+@pytest.mark.parametrize("L,name", [(272, "fftconv"), (96, "toeplitzconv")])
+def test_stacked_training_with_it_gives_each_run_s_numbers(fused, L, name):
+    """K = 2 runs of Hyena at length 272 (FFT path) or 96 (Toeplitz path) as one stacked model give the separate
+    runs' numbers (tests/test_stacked.py's tolerances for Hyena), every run naming the Function among its
+    kernels."""
     from mixzoo.models import ModelConfig
     from mixzoo.tasks.mqar import MQAR
     from mixzoo.train import TrainConfig, train
     from mixzoo.train.stacked import train_stacked
-    task, mcfg = MQAR(V=32, L=272, kv=2), ModelConfig(d_model=16, num_heads=2)
+    task, mcfg = MQAR(V=32, L=L, kv=2), ModelConfig(d_model=16, num_heads=2)
     base = dict(steps=4, batch_size=2, eval_every=2, n_train=8, n_val=4, n_test=4, eval_batch_size=4)
     cfgs = [TrainConfig(lr=lr, **base) for lr in (3e-3, 1e-2)]
     solo = [train(task, "hyena", {}, mcfg, c, seed=0, device="cpu") for c in cfgs]
     stacked = train_stacked(task, "hyena", {}, mcfg, cfgs, (0, 0), device="cpu")
     for r, q in zip(solo, stacked):
-        assert r.state == q.state == "COMPLETE" and "fftconv" in r.kernels and "fftconv" in q.kernels
+        assert r.state == q.state == "COMPLETE" and name in r.kernels and name in q.kernels
         for a, b in zip(r.history, q.history):
             for k in ("train_loss", "loss"):
                 assert abs(a[k] - b[k]) <= 3e-4 * abs(a[k]), (k, a[k], b[k])

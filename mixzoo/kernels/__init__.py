@@ -61,13 +61,14 @@ HYENA_CONV = ("fused", "torch")
 # Hyena's long convolution by length: Toeplitz products up to models.hyena.DIRECT_MAX_LEN, FFTs beyond ("by-length",
 # the default), or FFTs at every length ("fft", to time the paths against each other)
 HYENA_PATH = ("by-length", "fft")
+HYENA_TOEPLITZ = ("torch", "fused")
 NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS, "MIXZOO_ATTN": ATTN_CHOICES, "MIXZOO_LLA_C": LLA_C,
                   "MIXZOO_LLA_H": LLA_H, "MIXZOO_PARALLAX_TILES": PARALLAX_TILES, "MIXZOO_SSD_DOT": SSD_FORMS,
                   "MIXZOO_MAMBA_SSD": MAMBA_SSD, "MIXZOO_MAMBA_SSD_FOLD": MAMBA_SSD_FOLD, "MIXZOO_MESA_FOLD": MESA_FOLD,
                   "MIXZOO_CONV_FOLD": CONV_FOLDS, "MIXZOO_CONV_BWD": CONV_BWD, "MIXZOO_CONV_FWD": CONV_FWD,
                   "MIXZOO_ATTN_TILES": ATTN_TILES, "MIXZOO_FLA_PAD": FLA_PAD, "MIXZOO_GDN": REC_CORE, "MIXZOO_GLA_CORE": REC_CORE,
                   "MIXZOO_REC_TILES": REC_TILES, "MIXZOO_GLA_PROJ": GLA_PROJ, "MIXZOO_HYENA_CONV": HYENA_CONV,
-                  "MIXZOO_HYENA_PATH": HYENA_PATH,
+                  "MIXZOO_HYENA_PATH": HYENA_PATH, "MIXZOO_HYENA_TOEPLITZ": HYENA_TOEPLITZ,
                   **GLA_SWITCHES}
 
 

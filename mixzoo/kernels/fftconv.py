@@ -101,16 +101,109 @@ def gated_fft_conv(v: torch.Tensor, g: torch.Tensor, h: torch.Tensor, b: torch.T
     return _GatedFFTConv.apply(v[None], g[None], h[None], b[None]).squeeze(0)   # squeeze: its backward is a view
 
 
-def _fold(K: int, in_dims: tuple, v: torch.Tensor, g: torch.Tensor, h: torch.Tensor, b: torch.Tensor):
-    """vmap over K models (``mixzoo.train.vmapfold``): one call with K groups, model k's sequences reading its
-    filters h[k] and biases b[k]; -> (out (K, B, C, T), 0)."""
-    def front(t, d):
-        return t.movedim(d, 0) if d is not None else t.unsqueeze(0).expand(K, *t.shape)
-    v, g, h, b = (front(t, d) for t, d in zip((v, g, h, b), in_dims))
-    if not runs_on(v):          # the reference, each model's filters and biases broadcast over its sequences
-        vf = v if v.dtype == torch.float64 else v.float()
-        return g * torch.addcmul(fft_causal_conv(vf, h[:, None]), vf, b[:, None, :, None]), 0
-    return _GatedFFTConv.apply(v, g, h, b), 0
+def _folder(fn, conv, fused):
+    """The vmap fold (``mixzoo.train.vmapfold``) of ``fn``: K models in one call of K groups, model k's sequences
+    reading its filters h[k] and biases b[k]; ``conv`` the reference convolution, ``fused()`` whether the Function
+    runs. ``conv(v, h)`` takes v (K, B, C, T) and h (K, C, T)."""
+    def fold(K: int, in_dims: tuple, v: torch.Tensor, g: torch.Tensor, h: torch.Tensor, b: torch.Tensor):
+        def front(t, d):
+            return t.movedim(d, 0) if d is not None else t.unsqueeze(0).expand(K, *t.shape)
+        v, g, h, b = (front(t, d) for t, d in zip((v, g, h, b), in_dims))
+        if not fused(v):        # the reference, each model's filters and biases broadcast over its sequences
+            vf = v if v.dtype == torch.float64 else v.float()
+            return g * torch.addcmul(conv(vf, h), vf, b[:, None, :, None]), 0
+        return fn.__mixzoo_function__.apply(v, g, h, b), 0
+    return fold
 
 
-gated_fft_conv.__mixzoo_fold__ = _fold
+gated_fft_conv.__mixzoo_function__ = _GatedFFTConv
+gated_fft_conv.__mixzoo_fold__ = _folder(gated_fft_conv, lambda v, h: fft_causal_conv(v, h[:, None]), runs_on)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The same step at the lengths where Hyena convolves by products with each channel's causal Toeplitz matrix
+# (mixzoo.models.hyena.DIRECT_MAX_LEN): off by default until it is timed on a GPU (MIXZOO_HYENA_TOEPLITZ=fused).
+
+def toeplitz(h: torch.Tensor) -> torch.Tensor:
+    """h (..., C, T) -> M (..., C, T, T) with M[c, t, s] = h[c, t-s] for s <= t, else 0: windows of h padded by T-1
+    zeros in front, flipped."""
+    T = h.shape[-1]
+    return torch.nn.functional.pad(h, (T - 1, 0)).unfold(-1, T, 1).flip(-1)
+
+
+def toeplitz_causal_conv(u: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """fft_causal_conv's sums as products with the Toeplitz matrices: u (B, C, T) with h (C, T), or u (G, B, C, T)
+    with h (G, C, T) (G groups of filters); float32 (float64 for float64), autocast off. One batched product per
+    channel with the batch as its columns (einsum: no copy of a matrix per sequence)."""
+    dt = torch.float64 if u.dtype == torch.float64 else torch.float32
+    eq = "cts,bcs->bct" if h.dim() == 2 else "gcts,gbcs->gbct"
+    with torch.autocast(u.device.type, enabled=False):
+        return torch.einsum(eq, toeplitz(h.to(dt)), u.to(dt))
+
+
+def diagonal_sums(m: torch.Tensor) -> torch.Tensor:
+    """m (..., T, T) -> d (..., T) with d[k] = Σ_t m[t, t-k]: ``toeplitz``'s adjoint, as autograd forms it (the
+    flip's copy, then ``unfold``'s backward, which sums the overlapping windows into h padded by T-1 in front)."""
+    T = m.shape[-1]
+    lead = m.shape[:-2]
+    full = torch.ops.aten.unfold_backward(m.flip(-1), [*lead, 2 * T - 1], m.dim() - 2, T, 1)
+    return full[..., T - 1:]
+
+
+def runs_on_toeplitz(v: torch.Tensor) -> bool:
+    """Whether ``gated_toeplitz_conv`` of v takes the Function: with ``MIXZOO_HYENA_TOEPLITZ=fused``."""
+    return os.environ.get("MIXZOO_HYENA_TOEPLITZ") == "fused" and not torch.compiler.is_compiling()
+
+
+def gated_toeplitz_conv_torch(v: torch.Tensor, g: torch.Tensor, h: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The reference: g ⊙ (toeplitz_causal_conv(v, h) + b ⊙ v), v in float32 (float64 stays), by autograd."""
+    v = v if v.dtype == torch.float64 else v.float()
+    return g * torch.addcmul(toeplitz_causal_conv(v, h), v, b[:, None])
+
+
+class _GatedToeplitzConv(torch.autograd.Function):
+    """v (G, B, C, T), g like v, h (G, C, T), b (G, C) -> (G, B, C, T) float32 (float64 for float64 v). The
+    backward: dz = dout ⊙ g, dg = dout ⊙ z, db = Σ dz ⊙ v, dv = b ⊙ dz + Mᵀ dz, dh = the diagonal sums of
+    Σ_batch dz vᵀ (one batched product per channel; M kept from the forward)."""
+
+    @staticmethod
+    def forward(ctx, v, g, h, b):
+        from . import RAN
+        RAN.add("toeplitzconv")
+        dt = torch.float64 if v.dtype == torch.float64 else torch.float32
+        vf = v.to(dt)
+        M = toeplitz(h.to(dt))                                                     # (G, C, T, T)
+        with torch.autocast(v.device.type, enabled=False):                         # float32 products, as the FFTs
+            y = torch.einsum("gcts,gbcs->gbct", M, vf)
+        z = torch.addcmul(y, vf, b.to(dt)[:, None, :, None])
+        ctx.save_for_backward(vf, g, M, z, b)
+        ctx.dtypes = v.dtype, h.dtype
+        return g * z
+
+    @staticmethod
+    def backward(ctx, dout):
+        vf, g, M, z, b = ctx.saved_tensors
+        v_dtype, h_dtype = ctx.dtypes
+        dz = dout * g
+        dg = (dout * z).to(g.dtype) if ctx.needs_input_grad[1] else None
+        db = (dz * vf).sum((1, 3)).to(b.dtype) if ctx.needs_input_grad[3] else None
+        dv = dh = None
+        with torch.autocast(dz.device.type, enabled=False):
+            if ctx.needs_input_grad[0]:
+                dv = torch.addcmul(torch.einsum("gcts,gbct->gbcs", M, dz), dz, b.to(dz.dtype)[:, None, :, None])
+                dv = dv.to(v_dtype)
+            if ctx.needs_input_grad[2]:       # Σ_batch dz[t] v[s] per channel, summed along its diagonals
+                dh = diagonal_sums(torch.einsum("gbct,gbcs->gcts", dz, vf)).to(h_dtype)
+        return dv, dg, dh, db
+
+
+def gated_toeplitz_conv(v: torch.Tensor, g: torch.Tensor, h: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """v (B, C, T), g like v, h (C, T), b (C,) -> g ⊙ (h ∗ v + b ⊙ v) by the Toeplitz products, (B, C, T) float32:
+    the Function where ``runs_on_toeplitz(v)``, else the reference."""
+    if torch._C._are_functorch_transforms_active() or not runs_on_toeplitz(v):
+        return gated_toeplitz_conv_torch(v, g, h, b)
+    return _GatedToeplitzConv.apply(v[None], g[None], h[None], b[None]).squeeze(0)
+
+
+gated_toeplitz_conv.__mixzoo_function__ = _GatedToeplitzConv
+gated_toeplitz_conv.__mixzoo_fold__ = _folder(gated_toeplitz_conv, toeplitz_causal_conv, runs_on_toeplitz)

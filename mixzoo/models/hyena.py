@@ -8,7 +8,8 @@ each channel's causal Toeplitz matrix, beyond it an FFT convolution zero-padded 
 value at lag t does not depend on the sequence length. Paths, in PyTorch, by length: ``torch-toeplitz`` up to
 ``DIRECT_MAX_LEN``, ``torch-fft`` beyond. Each FFT step (the convolution, the bias and the gate) is one autograd
 Function with the convolution's adjoint as its backward (``mixzoo.kernels.fftconv``; the run's kernels then name
-``fftconv``); ``MIXZOO_HYENA_CONV=torch`` runs autograd's composition instead (the reference).
+``fftconv``); ``MIXZOO_HYENA_CONV=torch`` runs autograd's composition instead (the reference). The Toeplitz
+step has the same Function (``toeplitzconv``) with ``MIXZOO_HYENA_TOEPLITZ=fused``: off until it is timed.
 """
 from __future__ import annotations
 
@@ -16,11 +17,10 @@ import math
 import os
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..kernels import fftconv as _fftconv
-from ..kernels.fftconv import fft_causal_conv
+from ..kernels.fftconv import fft_causal_conv, toeplitz_causal_conv
 from ..registry import register_mixer
 from . import _fla
 from .common import ShortConv
@@ -70,16 +70,11 @@ DIRECT_MAX_LEN = 256
 
 def direct_causal_conv(u: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
     """fft_causal_conv's result as y[:, c] = H_c u[:, c] with H_c[t, s] = h[c, t-s] (s <= t, else 0);
-    float32 (float64 for float64 u), autocast off (the products stay float32, as the FFTs do)."""
-    T = u.shape[-1]
-    dt = torch.float64 if u.dtype == torch.float64 else torch.float32
-    with torch.autocast(u.device.type, enabled=False):
-        # windows of h padded by T-1 zeros in front: w[c, t, j] = h[c, t + j - (T-1)]; flipped, H[c, t, s] = h[c, t-s].
-        # (One gather from h, its backward an index_put with accumulate, wrote fewer bytes but took 1.9x the
-        # stacked step's time at length 128 and 2.9x at 256 on an H100, 2026-12-06: benchmarks/h100-2026-12-06/.)
-        H = F.pad(h.to(dt), (T - 1, 0)).unfold(-1, T, 1).flip(-1)          # (C, T, T)
-        return torch.einsum("cts,bcs->bct", H, u.to(dt))
-
+    float32 (float64 for float64 u), autocast off (the products stay float32, as the FFTs do). H is built from
+    windows of h (``fftconv.toeplitz``). (One gather from h instead, its backward an index_put with accumulate,
+    wrote fewer bytes but took 1.9x the stacked step's time at length 128 and 2.9x at 256 on an H100, 2026-12-06:
+    benchmarks/h100-2026-12-06/.)"""
+    return toeplitz_causal_conv(u, h)
 
 
 def direct(T: int) -> bool:
@@ -120,12 +115,15 @@ class Hyena(nn.Module):
         *gates, v = u.split(D, dim=1)
         h = self.filter(T, x.device).view(self.order, D, T)
         self.backend = "torch-toeplitz" if direct(T) else "torch-fft"
-        fused = not direct(T) and _fftconv.runs_on(v)
-        if not fused and v.dtype != torch.float64:     # float32 (float64 in a float64 model: a reference)
+        # the step as one autograd Function (mixzoo.kernels.fftconv; folded when stacking): by default at the FFT
+        # lengths, with MIXZOO_HYENA_TOEPLITZ=fused also at the Toeplitz ones (not yet timed on a GPU)
+        fn = (("gated_toeplitz_conv" if _fftconv.runs_on_toeplitz(v) else None) if direct(T)
+              else ("gated_fft_conv" if _fftconv.runs_on(v) else None))
+        if fn is None and v.dtype != torch.float64:     # float32 (float64 in a float64 model: a reference)
             v = v.float()
         for n in range(self.order):
-            if fused:   # the FFT step as one autograd Function (mixzoo.kernels.fftconv; folded when stacking)
-                v = _fla._op("mixzoo.kernels.fftconv", "gated_fft_conv")(v, gates[n], h[n], self.bias[n])
+            if fn is not None:
+                v = _fla._op("mixzoo.kernels.fftconv", fn)(v, gates[n], h[n], self.bias[n])
                 continue
             # x_n (h_n * v + b_n v): one multiply-add, then the product with the bfloat16 gate, promoted inside
             # the product (no float32 copy of the gate)
