@@ -130,3 +130,29 @@ def test_stacked_training_at_512_matches_separate_runs(mode, monkeypatch):
         worst = max(worst, max(abs(x["train_loss"] - y["train_loss"]) / abs(x["train_loss"]) for x, y in zip(a, b)))
     print(f"{mode}-K3-vs-separate[hyena, length 512]: largest relative difference of the training loss {worst:.2e}")
     assert worst < 2e-2
+
+
+@pytest.mark.parametrize("T", [128, 256])
+def test_toeplitz_function_against_float64_beside_the_composition(T, monkeypatch):
+    """The mad layer at the Toeplitz lengths with MIXZOO_HYENA_TOEPLITZ=fused against the float64 layer, beside the
+    composition: errors no worse; ``toeplitzconv`` in the fused run's kernels only."""
+    from mixzoo import kernels
+    from mixzoo.models.hyena import Hyena
+    torch.manual_seed(0)
+    m = Hyena(128).cuda()
+    ref = copy.deepcopy(m).double()
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn(8, T, 128, device="cuda", generator=g)
+    dy = torch.randn(8, T, 128, device="cuda", generator=g)
+    monkeypatch.setenv("MIXZOO_HYENA_TOEPLITZ", "torch")
+    want = layer_grads(ref, x.double(), dy.double(), False)
+    errs = {}
+    for how in ("fused", "torch"):
+        monkeypatch.setenv("MIXZOO_HYENA_TOEPLITZ", how)
+        kernels.reset()
+        got = layer_grads(m, x, dy, True)
+        errs[how] = (kernels.ran() or "", [rel(a, b) for a, b in zip(got, want)])
+    print(T, errs)
+    assert "toeplitzconv" in errs["fused"][0].split(",") and "toeplitzconv" not in errs["torch"][0], errs
+    for e_f, e_t in zip(errs["fused"][1], errs["torch"][1]):
+        assert e_f <= 1.5 * e_t + 1e-4, errs
