@@ -40,34 +40,38 @@ def test_the_step_against_float64_beside_the_composition(T):
         assert e_f <= 1.5 * e_t + 1e-6, errs
 
 
-@pytest.mark.parametrize("T", [512, 2048])
-def test_mad_layer_against_float64_beside_the_composition(T, monkeypatch):
-    """The mad recipe's Hyena layer (width 128) under bf16 autocast with the Function and with the composition,
-    each against the layer in float64: the Function's errors no worse; the run's kernels name it."""
+@pytest.mark.parametrize("switch,name,B,T", [("MIXZOO_HYENA_CONV", "fftconv", 4, 512),
+                                             ("MIXZOO_HYENA_CONV", "fftconv", 4, 2048),
+                                             ("MIXZOO_HYENA_TOEPLITZ", "toeplitzconv", 8, 128),
+                                             ("MIXZOO_HYENA_TOEPLITZ", "toeplitzconv", 8, 256)])
+def test_mad_layer_against_float64_beside_the_composition(switch, name, B, T, monkeypatch):
+    """The mad recipe's Hyena layer (width 128) under bf16 autocast with the Function (the FFT step at 512 and
+    2048; with MIXZOO_HYENA_TOEPLITZ=fused the Toeplitz step at 128 and 256) and with the composition, each
+    against the layer in float64: the Function's errors no worse; the run's kernels name it."""
     from mixzoo import kernels
     from mixzoo.models.hyena import Hyena
     torch.manual_seed(0)
     m = Hyena(128).cuda()
     ref = copy.deepcopy(m).double()
     g = torch.Generator(device="cuda").manual_seed(1)
-    x = torch.randn(4, T, 128, device="cuda", generator=g)
-    dy = torch.randn(4, T, 128, device="cuda", generator=g)
+    x = torch.randn(B, T, 128, device="cuda", generator=g)
+    dy = torch.randn(B, T, 128, device="cuda", generator=g)
 
     def run(mod, xx, amp):
         kernels.reset()
         grads = layer_grads(mod, xx, dy, amp)
-        return kernels.ran(), grads
+        return kernels.ran() or "", grads
 
-    monkeypatch.setenv("MIXZOO_HYENA_CONV", "torch")
+    monkeypatch.setenv(switch, "torch")
     _, want = run(ref, x.double(), False)
     errs = {}
     for how in ("fused", "torch"):
-        monkeypatch.setenv("MIXZOO_HYENA_CONV", how)
+        monkeypatch.setenv(switch, how)
         ran, got = run(m, x, True)
         errs[how] = (ran, [rel(a, b) for a, b in zip(got, want)])
     print(T, errs)
     # the run's kernels: the Function in the fused run only (the short convolution's kernel runs in both)
-    assert "fftconv" in (errs["fused"][0] or "").split(",") and "fftconv" not in (errs["torch"][0] or ""), errs
+    assert name in errs["fused"][0].split(",") and name not in errs["torch"][0], errs
     for e_f, e_t in zip(errs["fused"][1], errs["torch"][1]):
         assert e_f <= 1.5 * e_t + 1e-4, errs
 
@@ -131,28 +135,3 @@ def test_stacked_training_at_512_matches_separate_runs(mode, monkeypatch):
     print(f"{mode}-K3-vs-separate[hyena, length 512]: largest relative difference of the training loss {worst:.2e}")
     assert worst < 2e-2
 
-
-@pytest.mark.parametrize("T", [128, 256])
-def test_toeplitz_function_against_float64_beside_the_composition(T, monkeypatch):
-    """The mad layer at the Toeplitz lengths with MIXZOO_HYENA_TOEPLITZ=fused against the float64 layer, beside the
-    composition: errors no worse; ``toeplitzconv`` in the fused run's kernels only."""
-    from mixzoo import kernels
-    from mixzoo.models.hyena import Hyena
-    torch.manual_seed(0)
-    m = Hyena(128).cuda()
-    ref = copy.deepcopy(m).double()
-    g = torch.Generator(device="cuda").manual_seed(1)
-    x = torch.randn(8, T, 128, device="cuda", generator=g)
-    dy = torch.randn(8, T, 128, device="cuda", generator=g)
-    monkeypatch.setenv("MIXZOO_HYENA_TOEPLITZ", "torch")
-    want = layer_grads(ref, x.double(), dy.double(), False)
-    errs = {}
-    for how in ("fused", "torch"):
-        monkeypatch.setenv("MIXZOO_HYENA_TOEPLITZ", how)
-        kernels.reset()
-        got = layer_grads(m, x, dy, True)
-        errs[how] = (kernels.ran() or "", [rel(a, b) for a, b in zip(got, want)])
-    print(T, errs)
-    assert "toeplitzconv" in errs["fused"][0].split(",") and "toeplitzconv" not in errs["torch"][0], errs
-    for e_f, e_t in zip(errs["fused"][1], errs["torch"][1]):
-        assert e_f <= 1.5 * e_t + 1e-4, errs
