@@ -1,10 +1,17 @@
-# session 2026-12-06 call 3: Hyena's stacked Function on the GPU against separate runs; per-kernel profiles (K = 6)
+# planned, not run on 2026-12-06 (no machine, then no device time): Hyena's Functions on the GPU (stacked at 512
+# against separate runs; the Toeplitz layer against float64), the Toeplitz Function timed against the composition,
+# then per-kernel profiles of the stacked+graphed step (K = 6) where the projection's time is.
 set -o pipefail
-export END=$(( $(date +%s) + ${BUDGET:-200} ))
+export END=$(( $(date +%s) + ${BUDGET:-560} ))
 left() { echo $(( END - $(date +%s) )); }
 Z="bash scripts/gpu-zoo.sh"
+S="--steps 30 --warmup 10 --procs= --modes stacked+graphed"
 echo "== $(date +%T) gputests"
-K=tests/gpu/test_fftconv_gpu.py KEXPR=stacked_training T=90 $Z gputests > /dev/null 2>&1
+K=tests/gpu/test_fftconv_gpu.py T=120 $Z gputests > /dev/null 2>&1
+for v in torch fused; do
+  echo "== $(date +%T) hyena toeplitz $v"
+  TPN=-hyena-toeplitz-$v MIXZOO_HYENA_TOEPLITZ=$v MIXZOO_BENCH_MIXERS=hyena TP_ARGS="--shape mad,mad256 $S --K 6" T=60 $Z tput > /dev/null 2>&1
+done
 P="--stacked 6 --graphed --steps 3 --warmup 5 --top 25"
 for job in "hyena mad1024" "hyena mad" "mesa mad1024" "lla mad512" "mamba mad1024" "parallax mad1024"; do
   set -- $job
