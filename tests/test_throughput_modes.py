@@ -356,3 +356,18 @@ def test_step_bytes_counts_the_backbone_kernels_as_their_outputs():
     assert mib(runs["--kernels"]) < mib(runs[None]) and ops(runs["--kernels"]) < ops(runs[None])
     norm = [ln for ln in runs["--kernels"].splitlines() if ln.strip().startswith("fwd norm1")]
     assert norm and int(norm[0].split()[2]) <= 2, runs["--kernels"]               # one launch (and its output's use)
+
+
+def test_a_projection_refuses_rates_from_two_kinds_of_device(tmp_path):
+    """Rates measured on an H100 and on an H200 are not mixed in one projection: one line, exit 2."""
+    from mixzoo.bench.throughput import project_mad
+    a, b = _synthetic_rates(), _synthetic_rates()
+    a["device"], b["device"] = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+    with pytest.raises(UsageError, match="measured on NVIDIA H100 80GB HBM3 and NVIDIA H200"):
+        project_mad([a, b])
+    assert project_mad([a, dict(a)])["device"] == "NVIDIA H100 80GB HBM3"      # one kind: fine
+    fa, fb = tmp_path / "a.json", tmp_path / "b.json"
+    fa.write_text(json.dumps(a))
+    fb.write_text(json.dumps(b))
+    assert main(["bench", "throughput", "--project", str(fa), str(fb)]) == 2
+

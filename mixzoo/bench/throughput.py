@@ -518,11 +518,17 @@ def step_time_at(points: dict[int, float], L: int) -> tuple[float, bool]:
 
 
 def _rows_of(rates) -> dict:
-    """One rates dict from a dict, a path, or a list of them (their rows together; the first's device)."""
+    """One rates dict from a dict, a path, or a list of them (their rows together). They must have been measured
+    on one kind of device: rates from two cards (an H100's and an H200's) in one projection would mix machines
+    cell by cell, so that is refused (UsageError)."""
     if isinstance(rates, (list, tuple)):
+        from ..errors import UsageError
         parts = [_rows_of(r) for r in rates]
-        return {"device": next((p.get("device") for p in parts if p.get("device")), None),
-                "rows": [r for p in parts for r in p["rows"]]}
+        devices = sorted({p["device"] for p in parts if p.get("device")})
+        if len(devices) > 1:
+            raise UsageError(f"bench throughput --project: the files were measured on {' and '.join(devices)}; "
+                             "a projection takes its rates from one kind of device")
+        return {"device": devices[0] if devices else None, "rows": [r for p in parts for r in p["rows"]]}
     return rates if isinstance(rates, dict) else json.loads(Path(rates).read_text())
 
 
