@@ -113,10 +113,16 @@ def test_folded_under_vmap_is_the_loop_of_models(fused, kind):
             torch.testing.assert_close(got[k], want, rtol=1e-10, atol=1e-12)
 
 
-def test_hyena_layer_with_and_without_it(monkeypatch):
-    """The Hyena layer at length 300 (FFT path) under bf16 autocast: the same output with the Function (its forward
-    runs the composition's operators) and gradients within float32 reordering; it is named in the kernels ran; at
-    length 200 (Toeplitz path) it is not used."""
+# (switch, kernel name, the length its Function serves, the other path's length, whether it runs when unset)
+LAYER_CASES = [("MIXZOO_HYENA_CONV", "fftconv", 300, 200, True), ("MIXZOO_HYENA_TOEPLITZ", "toeplitzconv", 200, 300, False)]
+
+
+@pytest.mark.parametrize("switch,name,T_on,T_off,default", LAYER_CASES)
+def test_hyena_layer_with_and_without_it(switch, name, T_on, T_off, default, monkeypatch):
+    """The Hyena layer under bf16 autocast with each Function (the FFT step at length 300, the Toeplitz step at 200)
+    and without: the same output (its forward runs the composition's operators) and gradients within float32
+    reordering; it is named in the kernels ran, only at its path's length; unset, the FFT Function runs and the
+    Toeplitz one does not (not yet timed)."""
     from mixzoo import kernels
     from mixzoo.models.hyena import Hyena
     torch.manual_seed(0)
@@ -124,10 +130,10 @@ def test_hyena_layer_with_and_without_it(monkeypatch):
     res = {}
     for how in ("torch", "fused", None):
         if how is None:
-            monkeypatch.delenv("MIXZOO_HYENA_CONV", raising=False)
+            monkeypatch.delenv(switch, raising=False)
         else:
-            monkeypatch.setenv("MIXZOO_HYENA_CONV", how)
-        for T in (300, 200):
+            monkeypatch.setenv(switch, how)
+        for T in (T_on, T_off):
             kernels.reset()
             x = torch.randn(2, T, 16, generator=torch.Generator().manual_seed(T)).requires_grad_()
             with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -135,43 +141,14 @@ def test_hyena_layer_with_and_without_it(monkeypatch):
             y.float().sum().backward()
             res[how, T] = (y.detach().float(), x.grad.clone(), [p.grad.clone() for p in m.parameters()], kernels.ran())
             m.zero_grad()
-    assert res["fused", 300][3] == "fftconv" and res["fused", 200][3] is None
-    assert res["torch", 300][3] is None and res[None, 300][3] == "fftconv"     # unset: the Function
-    for T in (300, 200):
+    assert res["fused", T_on][3] == name and res["fused", T_off][3] is None
+    assert res["torch", T_on][3] is None and res[None, T_on][3] == (name if default else None)
+    for T in (T_on, T_off):
         a, b = res["fused", T], res["torch", T]
         assert torch.equal(a[0], b[0])
         torch.testing.assert_close(a[1], b[1], rtol=2e-2, atol=1e-3)    # bf16 input gradient
         for pa, pb in zip(a[2], b[2]):
             assert float((pa - pb).norm()) <= 1e-4 * float(pb.norm()) + 1e-6
-
-
-def test_hyena_layer_with_the_toeplitz_function(monkeypatch):
-    """The Hyena layer at length 200 (Toeplitz path) under bf16 autocast with MIXZOO_HYENA_TOEPLITZ=fused: the
-    composition's output bit for bit (its forward runs the same operators), gradients within float32 reordering,
-    ``toeplitzconv`` among the kernels; unset, the composition runs."""
-    from mixzoo import kernels
-    from mixzoo.models.hyena import Hyena
-    torch.manual_seed(0)
-    m = Hyena(16)
-    res = {}
-    for how in ("torch", "fused", None):
-        if how is None:
-            monkeypatch.delenv("MIXZOO_HYENA_TOEPLITZ", raising=False)
-        else:
-            monkeypatch.setenv("MIXZOO_HYENA_TOEPLITZ", how)
-        kernels.reset()
-        x = torch.randn(2, 200, 16, generator=torch.Generator().manual_seed(1)).requires_grad_()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            y = m(x)
-        y.float().sum().backward()
-        res[how] = (y.detach().float(), x.grad.clone(), [p.grad.clone() for p in m.parameters()], kernels.ran())
-        m.zero_grad()
-    assert res["fused"][3] == "toeplitzconv" and res["torch"][3] is None and res[None][3] is None
-    a, b = res["fused"], res["torch"]
-    assert torch.equal(a[0], b[0])
-    torch.testing.assert_close(a[1], b[1], rtol=2e-2, atol=1e-3)    # bf16 input gradient
-    for pa, pb in zip(a[2], b[2]):
-        assert float((pa - pb).norm()) <= 1e-4 * float(pb.norm()) + 1e-6
 
 
 @pytest.mark.parametrize("L,name", [(272, "fftconv"), (96, "toeplitzconv")])

@@ -55,12 +55,14 @@ REC_TILES = ("tuned", "old")
 # GLA's five input projections (q, k, v, the output gate, the decay's low-rank input): one matmul over their weights
 # concatenated (the default), or five (the form before; the parameters are the same either way)
 GLA_PROJ = ("fused", "separate")
-# Hyena's FFT step (fftconv): the composition autograd differentiates ("torch", the default until the Function is
-# timed on the GPU) or the autograd Function ("fused")
+# Hyena's FFT step (fftconv): the autograd Function ("fused", the default: timed on an H100, 2026-12-06) or the
+# composition autograd differentiates ("torch")
 HYENA_CONV = ("fused", "torch")
 # Hyena's long convolution by length: Toeplitz products up to models.hyena.DIRECT_MAX_LEN, FFTs beyond ("by-length",
 # the default), or FFTs at every length ("fft", to time the paths against each other)
 HYENA_PATH = ("by-length", "fft")
+# Hyena's Toeplitz step (fftconv.gated_toeplitz_conv): the composition ("torch", the default until the Function is
+# timed on a GPU) or the autograd Function ("fused")
 HYENA_TOEPLITZ = ("torch", "fused")
 NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS, "MIXZOO_ATTN": ATTN_CHOICES, "MIXZOO_LLA_C": LLA_C,
                   "MIXZOO_LLA_H": LLA_H, "MIXZOO_PARALLAX_TILES": PARALLAX_TILES, "MIXZOO_SSD_DOT": SSD_FORMS,

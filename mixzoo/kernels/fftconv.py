@@ -56,6 +56,14 @@ def runs_on(v: torch.Tensor) -> bool:
     return os.environ.get("MIXZOO_HYENA_CONV") != "torch" and not torch.compiler.is_compiling()
 
 
+def _gate_grads(ctx, dout, g, z, vf, b):
+    """The gate's and bias's part of either step's backward: dz = dout ⊙ g, dg = dout ⊙ z, db = Σ_{batch, t} dz ⊙ v."""
+    dz = dout * g
+    dg = (dout * z).to(g.dtype) if ctx.needs_input_grad[1] else None
+    db = (dz * vf).sum((1, 3)).to(b.dtype) if ctx.needs_input_grad[3] else None
+    return dz, dg, db
+
+
 class _GatedFFTConv(torch.autograd.Function):
     """v (G, B, C, T), g like v, h (G, C, T), b (G, C) -> (G, B, C, T) float32 (float64 for float64 v)."""
 
@@ -80,9 +88,7 @@ class _GatedFFTConv(torch.autograd.Function):
         v_dtype, h_dtype = ctx.dtypes
         T = vf.shape[-1]
         n = fft_size(T)
-        dz = dout * g
-        dg = (dout * z).to(g.dtype) if ctx.needs_input_grad[1] else None
-        db = (dz * vf).sum((1, 3)).to(b.dtype) if ctx.needs_input_grad[3] else None
+        dz, dg, db = _gate_grads(ctx, dout, g, z, vf, b)
         DZ = torch.fft.rfft(dz, n=n)
         dv = dh = None
         if ctx.needs_input_grad[0]:
@@ -184,9 +190,7 @@ class _GatedToeplitzConv(torch.autograd.Function):
     def backward(ctx, dout):
         vf, g, M, z, b = ctx.saved_tensors
         v_dtype, h_dtype = ctx.dtypes
-        dz = dout * g
-        dg = (dout * z).to(g.dtype) if ctx.needs_input_grad[1] else None
-        db = (dz * vf).sum((1, 3)).to(b.dtype) if ctx.needs_input_grad[3] else None
+        dz, dg, db = _gate_grads(ctx, dout, g, z, vf, b)
         dv = dh = None
         with torch.autocast(dz.device.type, enabled=False):
             if ctx.needs_input_grad[0]:
