@@ -457,6 +457,15 @@ def test_fla_head_padding_switch(pad, monkeypatch):
     assert fast.backend.endswith("+unpadded") == mesa_unpadded
 
 
+def test_mesa_pads_only_heads_of_16_or_more_by_default():
+    """Unset, MesaNet hands heads narrower than 16 to fla unpadded (measured at 8) and keeps padding wider ones
+    (32 -> 64) to FLA_HEAD_DIMS."""
+    from mixzoo.models import _fla
+    from mixzoo.models.mesa import MesaNet
+    assert MesaNet(128, num_heads=16)._pad_default() == "none"
+    assert MesaNet(128, num_heads=4)._pad_default() == "16" and _fla.fla_pad_width("16") == 16
+
+
 def test_fla_head_padding_switch_is_checked_at_the_edge(monkeypatch):
     from mixzoo import kernels
     monkeypatch.setenv("MIXZOO_FLA_PAD", "8")

@@ -143,7 +143,8 @@ class MesaNet(nn.Module):
         beta = b.float().sigmoid()
         lamb = F.softplus(self.lam.float()) + self.lmin         # (H, D)
         if fast is not None:
-            self.backend = "fla-chunk" + ("+fla-l2norm" if in_kernel else "") + _fla.unpadded_suffix(self.dh, self._pad_default())
+            pad_to = self._pad_default()
+            self.backend = "fla-chunk" + ("+fla-l2norm" if in_kernel else "") + _fla.unpadded_suffix(self.dh, pad_to)
             T, D = x.shape[1], self.dh
             # The kernel is run at shapes seen to work on an H200: whole chunks of 64 and the head
             # dims of FLA_HEAD_DIMS. Zero padding is exact: padded positions come
@@ -152,7 +153,7 @@ class MesaNet(nn.Module):
             # so the padding's copy is the only one; without padding, the contiguous copy is.
             q, k, v = (t.transpose(1, 2) for t in (q, k, v))
             pad = -T % 64
-            dpad = next(w for w in FLA_HEAD_DIMS if w >= D) - D if _fla.fla_pad_width(self._pad_default()) else 0
+            dpad = next(w for w in FLA_HEAD_DIMS if w >= D) - D if _fla.fla_pad_width(pad_to) else 0
             if pad or dpad:
                 q, k, v = (F.pad(t, (0, dpad, 0, 0, 0, pad)) for t in (q, k, v))
                 g, beta = F.pad(g, (0, 0, 0, pad)), F.pad(beta, (0, 0, 0, pad))
