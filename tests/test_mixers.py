@@ -422,7 +422,7 @@ def test_mixzoo_sdpa_switch(monkeypatch, capsys):
 
 def test_mesa_cg_steps_by_head_width():
     from mixzoo.models.mesa import MesaNet, default_cg_steps
-    assert MesaNet(128, num_heads=16).cg == default_cg_steps(8) == 10          # the mad recipe: padded to 16
+    assert MesaNet(128, num_heads=16).cg == default_cg_steps(8) == 10          # the mad recipe's heads of 8
     assert MesaNet(32, num_heads=2).cg == default_cg_steps(16) == 10
     assert MesaNet(128, num_heads=2).cg == default_cg_steps(64) == 30          # fla's own count above 16
     assert MesaNet(128, num_heads=16, cg_steps=30).cg == 30
