@@ -64,6 +64,9 @@ HYENA_PATH = ("by-length", "fft")
 # Hyena's Toeplitz step (fftconv.gated_toeplitz_conv): the composition ("torch", the default until the Function is
 # timed on a GPU) or the autograd Function ("fused")
 HYENA_TOEPLITZ = ("torch", "fused")
+# Hyena's whole operator (fftconv.hyena_operator): its steps one at a time as above ("steps", the default until the
+# one Function is timed on a GPU), or the operator as one Function ("fused": at every length, FFT and Toeplitz)
+HYENA_OP = ("steps", "fused")
 NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS, "MIXZOO_ATTN": ATTN_CHOICES, "MIXZOO_LLA_C": LLA_C,
                   "MIXZOO_LLA_H": LLA_H, "MIXZOO_PARALLAX_TILES": PARALLAX_TILES, "MIXZOO_SSD_DOT": SSD_FORMS,
                   "MIXZOO_MAMBA_SSD": MAMBA_SSD, "MIXZOO_MAMBA_SSD_FOLD": MAMBA_SSD_FOLD, "MIXZOO_MESA_FOLD": MESA_FOLD,
@@ -71,6 +74,7 @@ NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS, "MIXZOO_ATTN": ATTN_CHOICES, "MI
                   "MIXZOO_ATTN_TILES": ATTN_TILES, "MIXZOO_FLA_PAD": FLA_PAD, "MIXZOO_GDN": REC_CORE, "MIXZOO_GLA_CORE": REC_CORE,
                   "MIXZOO_REC_TILES": REC_TILES, "MIXZOO_GLA_PROJ": GLA_PROJ, "MIXZOO_HYENA_CONV": HYENA_CONV,
                   "MIXZOO_HYENA_PATH": HYENA_PATH, "MIXZOO_HYENA_TOEPLITZ": HYENA_TOEPLITZ,
+                  "MIXZOO_HYENA_OP": HYENA_OP,
                   **GLA_SWITCHES}
 
 

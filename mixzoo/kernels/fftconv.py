@@ -56,12 +56,68 @@ def runs_on(v: torch.Tensor) -> bool:
     return os.environ.get("MIXZOO_HYENA_CONV") != "torch" and not torch.compiler.is_compiling()
 
 
-def _gate_grads(ctx, dout, g, z, vf, b):
-    """The gate's and bias's part of either step's backward: dz = dout ⊙ g, dg = dout ⊙ z, db = Σ_{batch, t} dz ⊙ v."""
+def _float(t: torch.Tensor) -> torch.dtype:
+    """The dtype the step computes in for an input of t's: float32, float64 for float64."""
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def _conv_forward(vf: torch.Tensor, hf: torch.Tensor, direct: bool):
+    """The causal convolution of vf (G, B, C, T) with hf (G, C, T), both float32 (float64), and what its adjoint
+    keeps: the spectra V (G, B, C, F) and H (G, 1, C, F) of FFTs of size ``fft_size(T)``, or with ``direct`` the
+    Toeplitz matrices M (G, C, T, T) (float32 products, autocast off, as the FFTs)."""
+    T = vf.shape[-1]
+    if direct:
+        M = toeplitz(hf)
+        with torch.autocast(vf.device.type, enabled=False):
+            return torch.einsum("gcts,gbcs->gbct", M, vf), (M,)
+    n = fft_size(T)
+    V = torch.fft.rfft(vf, n=n)
+    H = torch.fft.rfft(hf, n=n).unsqueeze(1)
+    return torch.fft.irfft(V * H, n=n)[..., :T], (V, H)
+
+
+def _conv_backward(dz: torch.Tensor, vf: torch.Tensor, kept: tuple, direct: bool, need_v: bool, need_h: bool):
+    """The convolution's adjoint at dz (G, B, C, T): (its value gradient, its filter gradient), either None where not
+    needed. FFTs: dv = irfft(rfft(dz) · conj(H))[:T] (a correlation), dh = irfft(Σ_batch conj(V) rfft(dz))[:T]; each
+    FFT of dz taken once. Toeplitz: dv = Mᵀ dz, dh the diagonal sums of Σ_batch dz vᵀ (one batched product per
+    channel)."""
+    if direct:
+        (M,) = kept
+        with torch.autocast(dz.device.type, enabled=False):
+            dv = torch.einsum("gcts,gbct->gbcs", M, dz) if need_v else None
+            dh = diagonal_sums(torch.einsum("gbct,gbcs->gcts", dz, vf)) if need_h else None
+        return dv, dh
+    V, H = kept
+    T = dz.shape[-1]
+    n = fft_size(T)
+    DZ = torch.fft.rfft(dz, n=n)
+    dv = torch.fft.irfft(DZ * H.conj(), n=n)[..., :T] if need_v else None
+    dh = torch.fft.irfft(torch.linalg.vecdot(V, DZ, dim=1), n=n)[..., :T] if need_h else None   # Σ_batch conj(V) DZ
+    return dv, dh
+
+
+def _step_forward(ctx, v, g, h, b, direct: bool):
+    """One gated step g ⊙ (h ∗ v + b ⊙ v) of either Function: v, g (G, B, C, T), h (G, C, T), b (G, C)."""
+    dt = _float(v)
+    vf = v.to(dt)
+    y, kept = _conv_forward(vf, h.to(dt), direct)
+    z = torch.addcmul(y, vf, b.to(dt)[:, None, :, None])
+    ctx.save_for_backward(vf, g, z, b, *kept)
+    ctx.dtypes = v.dtype, h.dtype
+    return g * z
+
+
+def _step_backward(ctx, dout, direct: bool):
+    """Its backward: dz = dout ⊙ g, dg = dout ⊙ z, db = Σ_{batch, t} dz ⊙ v, dv = b ⊙ dz + the adjoint's, dh."""
+    vf, g, z, b, *kept = ctx.saved_tensors
+    v_dtype, h_dtype = ctx.dtypes
+    need_v, need_g, need_h, need_b = ctx.needs_input_grad[:4]
     dz = dout * g
-    dg = (dout * z).to(g.dtype) if ctx.needs_input_grad[1] else None
-    db = (dz * vf).sum((1, 3)).to(b.dtype) if ctx.needs_input_grad[3] else None
-    return dz, dg, db
+    dg = (dout * z).to(g.dtype) if need_g else None
+    db = (dz * vf).sum((1, 3)).to(b.dtype) if need_b else None
+    dvc, dh = _conv_backward(dz, vf, kept, direct, need_v, need_h)
+    dv = torch.addcmul(dvc, dz, b.to(dz.dtype)[:, None, :, None]).to(v_dtype) if need_v else None
+    return dv, dg, None if dh is None else dh.to(h_dtype), db
 
 
 class _GatedFFTConv(torch.autograd.Function):
@@ -71,32 +127,11 @@ class _GatedFFTConv(torch.autograd.Function):
     def forward(ctx, v, g, h, b):
         from . import RAN
         RAN.add("fftconv")
-        T = v.shape[-1]
-        n = fft_size(T)
-        dt = torch.float64 if v.dtype == torch.float64 else torch.float32
-        vf = v.to(dt)
-        V = torch.fft.rfft(vf, n=n)                                     # (G, B, C, F)
-        H = torch.fft.rfft(h.to(dt), n=n).unsqueeze(1)                  # (G, 1, C, F)
-        z = torch.addcmul(torch.fft.irfft(V * H, n=n)[..., :T], vf, b.to(dt)[:, None, :, None])
-        ctx.save_for_backward(vf, g, V, H, z, b)
-        ctx.dtypes = v.dtype, h.dtype
-        return g * z
+        return _step_forward(ctx, v, g, h, b, False)
 
     @staticmethod
     def backward(ctx, dout):
-        vf, g, V, H, z, b = ctx.saved_tensors
-        v_dtype, h_dtype = ctx.dtypes
-        T = vf.shape[-1]
-        n = fft_size(T)
-        dz, dg, db = _gate_grads(ctx, dout, g, z, vf, b)
-        DZ = torch.fft.rfft(dz, n=n)
-        dv = dh = None
-        if ctx.needs_input_grad[0]:
-            dv = torch.addcmul(torch.fft.irfft(DZ * H.conj(), n=n)[..., :T], dz, b.to(dz.dtype)[:, None, :, None])
-            dv = dv.to(v_dtype)
-        if ctx.needs_input_grad[2]:
-            dh = torch.fft.irfft(torch.linalg.vecdot(V, DZ, dim=1), n=n)[..., :T].to(h_dtype)   # Σ_batch conj(V) DZ
-        return dv, dg, dh, db
+        return _step_backward(ctx, dout, False)
 
 
 def gated_fft_conv(v: torch.Tensor, g: torch.Tensor, h: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -176,29 +211,11 @@ class _GatedToeplitzConv(torch.autograd.Function):
     def forward(ctx, v, g, h, b):
         from . import RAN
         RAN.add("toeplitzconv")
-        dt = torch.float64 if v.dtype == torch.float64 else torch.float32
-        vf = v.to(dt)
-        M = toeplitz(h.to(dt))                                                     # (G, C, T, T)
-        with torch.autocast(v.device.type, enabled=False):                         # float32 products, as the FFTs
-            y = torch.einsum("gcts,gbcs->gbct", M, vf)
-        z = torch.addcmul(y, vf, b.to(dt)[:, None, :, None])
-        ctx.save_for_backward(vf, g, M, z, b)
-        ctx.dtypes = v.dtype, h.dtype
-        return g * z
+        return _step_forward(ctx, v, g, h, b, True)
 
     @staticmethod
     def backward(ctx, dout):
-        vf, g, M, z, b = ctx.saved_tensors
-        v_dtype, h_dtype = ctx.dtypes
-        dz, dg, db = _gate_grads(ctx, dout, g, z, vf, b)
-        dv = dh = None
-        with torch.autocast(dz.device.type, enabled=False):
-            if ctx.needs_input_grad[0]:
-                dv = torch.addcmul(torch.einsum("gcts,gbct->gbcs", M, dz), dz, b.to(dz.dtype)[:, None, :, None])
-                dv = dv.to(v_dtype)
-            if ctx.needs_input_grad[2]:       # Σ_batch dz[t] v[s] per channel, summed along its diagonals
-                dh = diagonal_sums(torch.einsum("gbct,gbcs->gcts", dz, vf)).to(h_dtype)
-        return dv, dg, dh, db
+        return _step_backward(ctx, dout, True)
 
 
 def gated_toeplitz_conv(v: torch.Tensor, g: torch.Tensor, h: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -211,3 +228,108 @@ def gated_toeplitz_conv(v: torch.Tensor, g: torch.Tensor, h: torch.Tensor, b: to
 
 gated_toeplitz_conv.__mixzoo_function__ = _GatedToeplitzConv
 gated_toeplitz_conv.__mixzoo_fold__ = _folder(gated_toeplitz_conv, toeplitz_causal_conv, runs_on_toeplitz)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Hyena's whole order-N operator as one Function (MIXZOO_HYENA_OP=fused): the steps above, in the layout of the
+# layer's input and output. Chaining the step Functions leaves the layout's glue to autograd: the split of the short
+# convolution's output into gates and value (its backward a ``cat`` of their gradients, 2 x 2.5 ms of a 86 ms stacked
+# step at length 1024 on the H200, benchmarks/h200-2026-12-05c/profile-1024.md), the transposes to and from the
+# channels-first layout the convolution takes, and the output's cast. Here the gradients of the gates and the value
+# are written into one buffer in the input's layout and dtype, and the last gate's product into the output's.
+
+def operator_runs(u: torch.Tensor) -> bool:
+    """Whether Hyena's operator runs as one Function (``hyena_operator``): with ``MIXZOO_HYENA_OP=fused``."""
+    return os.environ.get("MIXZOO_HYENA_OP") == "fused" and not torch.compiler.is_compiling()
+
+
+def hyena_operator_torch(u: torch.Tensor, h: torch.Tensor, b: torch.Tensor, direct: bool) -> torch.Tensor:
+    """The reference: u (B, T, (N+1)C) split into gates x_1..x_N and a value v, then v <- x_n ⊙ (h_n ∗ v + b_n ⊙ v)
+    for n = 1..N (autograd's composition of each step), h (N, C, T), b (N, C) -> (B, T, C) in u's dtype."""
+    N, C = h.shape[0], h.shape[1]
+    *gates, v = u.transpose(-1, -2).split(C, dim=-2)
+    step = gated_toeplitz_conv_torch if direct else gated_fft_conv_torch
+    for n in range(N):
+        v = step(v, gates[n], h[n], b[n])
+    return v.transpose(-1, -2).to(u.dtype)
+
+
+class _HyenaOperator(torch.autograd.Function):
+    """u (G, B, T, (N+1)C), h (G, N, C, T), b (G, N, C), ``direct`` (Toeplitz products, else FFTs) -> (G, B, T, C) in
+    u's dtype. The same operators as the chained steps, in the same order (the numbers of ``_GatedFFTConv`` /
+    ``_GatedToeplitzConv`` applied N times, bit for bit); only where the results are written differs."""
+
+    @staticmethod
+    def forward(ctx, u, h, b, direct):
+        from . import RAN
+        RAN.add("hyenaop")
+        G, B, T, W = u.shape
+        N, C = h.shape[1], h.shape[2]
+        dt = _float(u)
+        ut = u.transpose(-1, -2)                                   # (G, B, W, T), a view
+        hf, bf = h.to(dt), b.to(dt)
+        out = u.new_empty(G, B, T, C)
+        v = ut[:, :, N * C:].to(dt)
+        kept = []
+        for n in range(N):
+            y, conv = _conv_forward(v, hf[:, n], direct)
+            z = torch.addcmul(y, v, bf[:, n, None, :, None])
+            kept += [v, z, *conv]
+            g = ut[:, :, n * C:(n + 1) * C]
+            v = torch.mul(g, z, out=out.transpose(-1, -2)) if n == N - 1 else g * z
+        ctx.save_for_backward(u, b, *kept)
+        ctx.direct, ctx.N, ctx.h_dtype = direct, N, h.dtype
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        u, b, *kept = ctx.saved_tensors
+        N, direct = ctx.N, ctx.direct
+        need_u, need_h, need_b = ctx.needs_input_grad[:3]
+        G, B, T, W = u.shape
+        C = W // (N + 1)
+        dt = _float(u)
+        ut = u.transpose(-1, -2)
+        du = torch.empty_like(u, memory_format=torch.contiguous_format)
+        dut = du.transpose(-1, -2)                                 # the gates' and value's gradients land here
+        dh = u.new_empty(G, N, C, T, dtype=dt) if need_h else None
+        db = u.new_empty(G, N, C, dtype=dt) if need_b else None
+        per = len(kept) // N
+        d = dout.transpose(-1, -2).to(dt)
+        for n in reversed(range(N)):
+            v, z, *conv = kept[n * per:(n + 1) * per]
+            g = ut[:, :, n * C:(n + 1) * C]
+            dz = d * g
+            torch.mul(d, z, out=dut[:, :, n * C:(n + 1) * C])     # the gate's gradient, in u's dtype
+            if need_b:
+                db[:, n] = (dz * v).sum((1, 3))
+            dvc, dhn = _conv_backward(dz, v, conv, direct, True, need_h)
+            if need_h:
+                dh[:, n] = dhn
+            d = torch.addcmul(dvc, dz, b[:, n].to(dt)[:, None, :, None])
+        dut[:, :, N * C:].copy_(d)
+        return (du if need_u else None, None if dh is None else dh.to(ctx.h_dtype),
+                None if db is None else db.to(b.dtype), None)
+
+
+def hyena_operator(u: torch.Tensor, h: torch.Tensor, b: torch.Tensor, direct: bool) -> torch.Tensor:
+    """Hyena's order-N operator on u (B, T, (N+1)C) with filters h (N, C, T) and biases b (N, C) -> (B, T, C) in u's
+    dtype: the Function where ``operator_runs(u)``, else the reference (``hyena_operator_torch``)."""
+    if torch._C._are_functorch_transforms_active() or not operator_runs(u):
+        return hyena_operator_torch(u, h, b, direct)
+    return _HyenaOperator.apply(u[None], h[None], b[None], direct).squeeze(0)
+
+
+def _operator_fold(K: int, in_dims: tuple, u, h, b, direct):
+    """The vmap fold of ``hyena_operator``: K models in one call of K groups, model k's sequences reading its
+    filters h[k] and biases b[k]."""
+    def front(t, d):
+        return t.movedim(d, 0) if d is not None else t.unsqueeze(0).expand(K, *t.shape)
+    u, h, b = (front(t, d) for t, d in zip((u, h, b), in_dims[:3]))
+    if not operator_runs(u):
+        return torch.stack([hyena_operator_torch(u[k], h[k], b[k], direct) for k in range(K)]), 0
+    return _HyenaOperator.apply(u, h, b, direct), 0
+
+
+hyena_operator.__mixzoo_function__ = _HyenaOperator
+hyena_operator.__mixzoo_fold__ = _operator_fold

@@ -111,10 +111,12 @@ class Hyena(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, D = x.shape
-        u = self.short(self.in_proj(x)).transpose(1, 2)                     # (B, (N+1)D, T)
-        *gates, v = u.split(D, dim=1)
+        u = self.short(self.in_proj(x))                                     # (B, T, (N+1)D)
         h = self.filter(T, x.device).view(self.order, D, T)
         self.backend = "torch-toeplitz" if direct(T) else "torch-fft"
+        if _fftconv.operator_runs(u):   # the whole operator as one Function (mixzoo.kernels.fftconv; folded when stacking)
+            return self.out_proj(_fla._op("mixzoo.kernels.fftconv", "hyena_operator")(u, h, self.bias, direct(T)))
+        *gates, v = u.transpose(1, 2).split(D, dim=1)                       # (B, D, T) each
         # the step as one autograd Function (mixzoo.kernels.fftconv; folded when stacking): by default at the FFT
         # lengths, with MIXZOO_HYENA_TOEPLITZ=fused also at the Toeplitz ones (not yet timed on a GPU)
         fn = (("gated_toeplitz_conv" if _fftconv.runs_on_toeplitz(v) else None) if direct(T)

@@ -135,3 +135,74 @@ def test_stacked_training_at_512_matches_separate_runs(mode, monkeypatch):
     print(f"{mode}-K3-vs-separate[hyena, length 512]: largest relative difference of the training loss {worst:.2e}")
     assert worst < 2e-2
 
+
+
+@pytest.mark.parametrize("T", [128, 1024])
+def test_the_operator_is_the_chained_steps_bit_for_bit(T, monkeypatch):
+    """Hyena's operator as one Function (MIXZOO_HYENA_OP=fused) against its steps chained (the step Functions, both
+    on), the mad layer's sizes under bf16 autocast's dtypes (u bf16): output and gradients equal bit for bit, eager
+    and replayed from a CUDA graph."""
+    from mixzoo.kernels import fftconv as F
+    for k, v in (("MIXZOO_HYENA_OP", "fused"), ("MIXZOO_HYENA_CONV", "fused"), ("MIXZOO_HYENA_TOEPLITZ", "fused")):
+        monkeypatch.setenv(k, v)
+    g = torch.Generator(device="cuda").manual_seed(T)
+    B, C, N, direct = 8, 128, 2, T <= 256
+    u = torch.randn(B, T, (N + 1) * C, device="cuda", generator=g).to(torch.bfloat16).requires_grad_()
+    h = (torch.randn(N, C, T, device="cuda", generator=g) * torch.exp(-torch.arange(T, device="cuda") / 100.)).requires_grad_()
+    b = torch.randn(N, C, device="cuda", generator=g).requires_grad_()
+    do = torch.randn(B, T, C, device="cuda", generator=g).to(torch.bfloat16)
+    step = F.gated_toeplitz_conv if direct else F.gated_fft_conv
+
+    def chained():
+        *gates, v = u.transpose(1, 2).split(C, dim=1)
+        for n in range(N):
+            v = step(v, gates[n], h[n], b[n])
+        y = v.transpose(1, 2).to(u.dtype)
+        return [y.detach(), *torch.autograd.grad(y, (u, h, b), do)]
+
+    def fused():
+        y = F.hyena_operator(u, h, b, direct)
+        return [y.detach(), *torch.autograd.grad(y, (u, h, b), do)]
+    want, got = chained(), fused()
+    assert all(torch.equal(a, w) for a, w in zip(got, want)), [float((a.float() - w.float()).abs().max())
+                                                               for a, w in zip(got, want)]
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fused()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = fused()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(a, w) for a, w in zip(outs, want))
+
+
+@pytest.mark.parametrize("L", [128, 512])
+def test_stacked_graphed_training_with_the_operator_matches_separate_runs(L, monkeypatch):
+    """As test_stacked_training_at_512_matches_separate_runs, stacked+graphed, with the operator as one Function
+    (MIXZOO_HYENA_OP=fused) at a Toeplitz length (128) and an FFT length (512): every run names ``hyenaop``."""
+    monkeypatch.setenv("MIXZOO_EAGER_KERNELS", "1")
+    monkeypatch.setenv("MIXZOO_HYENA_OP", "fused")
+    from mixzoo.models import RECIPES, ModelConfig
+    from mixzoo.tasks.mad import MADRecall
+    from mixzoo.train import TrainConfig, train
+    from mixzoo.train.stacked import train_stacked
+    task = MADRecall(L=L)
+    data = {split: task.generate(split, n, 0, "cuda") for split, n in (("train", 256), ("val", 32), ("test", 32))}
+    cfg = dict(steps=20, batch_size=32, eval_every=5, eval_batch_size=32)
+    mcfg = ModelConfig(**RECIPES["mad"])
+    cfgs = [TrainConfig(**cfg, lr=lr, step_mode="stacked+graphed") for lr in (5e-4, 1e-3, 2e-3)]
+    stacked = train_stacked(task, "hyena", {}, mcfg, cfgs, [0, 1, 2], device="cuda", data=data)
+    assert [r.step_mode for r in stacked] == ["stacked+graphed"] * 3, stacked[0].step_mode_reason
+    worst = 0.0
+    for c, s, r in zip(cfgs, [0, 1, 2], stacked):
+        alone = train(task, "hyena", {}, mcfg, TrainConfig(**cfg, lr=c.lr), seed=s, device="cuda", data=data)
+        assert r.state == alone.state == "COMPLETE"
+        assert "hyenaop" in (r.kernels or "") and "hyenaop" in (alone.kernels or ""), (r.kernels, alone.kernels)
+        a, b = alone.history, r.history
+        worst = max(worst, max(abs(x["train_loss"] - y["train_loss"]) / abs(x["train_loss"]) for x, y in zip(a, b)))
+    print(f"operator stacked+graphed-K3-vs-separate[hyena, length {L}]: largest relative difference {worst:.2e}")
+    assert worst < 2e-2
