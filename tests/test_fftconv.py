@@ -187,3 +187,120 @@ def test_the_switch_is_checked():
             os.environ.pop("MIXZOO_HYENA_CONV")
         else:
             os.environ["MIXZOO_HYENA_CONV"] = old
+
+
+# -- Hyena's whole operator as one Function (MIXZOO_HYENA_OP=fused) -------------------------------------------------
+
+def _op_inputs(B, T, C, N, gen, udt=torch.float64):
+    u = torch.randn(B, T, (N + 1) * C, generator=gen, dtype=torch.float64).to(udt).requires_grad_()
+    h = (torch.randn(N, C, T, generator=gen, dtype=torch.float64) * torch.exp(-torch.arange(T) / 30.)).requires_grad_()
+    b = torch.randn(N, C, generator=gen, dtype=torch.float64).requires_grad_()
+    return u, h, b
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_the_operator_gradcheck_float64(fused, monkeypatch, direct):
+    monkeypatch.setenv("MIXZOO_HYENA_OP", "fused")
+    u, h, b = _op_inputs(2, 9, 3, 2, torch.Generator().manual_seed(4))
+    assert torch.autograd.gradcheck(lambda *a: F._HyenaOperator.apply(*(x[None] for x in a), direct)[0], (u, h, b))
+    assert float((F.hyena_operator(u, h, b, direct) - F.hyena_operator_torch(u, h, b, direct)).abs().max()) < 1e-12
+
+
+@pytest.mark.parametrize("N", [1, 2, 3])
+@pytest.mark.parametrize("T", [40, 300])
+def test_the_operator_is_the_chained_steps_bit_for_bit(fused, monkeypatch, T, N):
+    """u in bf16 (autocast's), filters and biases float32: the operator's output and gradients equal to the step
+    Functions chained in the layer's layout, bit for bit, at a Toeplitz length (40) and an FFT length (300)."""
+    monkeypatch.setenv("MIXZOO_HYENA_OP", "fused")
+    gen = torch.Generator().manual_seed(T + N)
+    B, C, direct = 3, 4, T <= 256
+    u, h, b = _op_inputs(B, T, C, N, gen, torch.bfloat16)
+    h, b = (x.detach().float().requires_grad_() for x in (h, b))
+    do = torch.randn(B, T, C, generator=gen).to(torch.bfloat16)
+    y = F.hyena_operator(u, h, b, direct)
+    got = [y, *torch.autograd.grad(y, (u, h, b), do)]
+    step = F.gated_toeplitz_conv if direct else F.gated_fft_conv
+    *gates, v = u.transpose(1, 2).split(C, dim=1)
+    for n in range(N):
+        v = step(v, gates[n], h[n], b[n])
+    y2 = v.transpose(1, 2).to(u.dtype)
+    want = [y2, *torch.autograd.grad(y2, (u, h, b), do)]
+    assert [x.dtype for x in got] == [torch.bfloat16, torch.bfloat16, torch.float32, torch.float32]
+    assert all(torch.equal(a, w) for a, w in zip(got, want))
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_the_operator_folded_under_vmap_is_the_loop_of_models(fused, monkeypatch, direct):
+    from mixzoo.models import _fla
+    from mixzoo.train.vmapfold import folding
+    monkeypatch.setenv("MIXZOO_HYENA_OP", "fused")
+    gen = torch.Generator().manual_seed(5)
+    K, B, T, C, N = 3, 2, 40, 4, 2
+    u = torch.randn(K, B, T, (N + 1) * C, generator=gen, dtype=torch.float64)
+    h, b = torch.randn(K, N, C, T, generator=gen, dtype=torch.float64), torch.randn(K, N, C, generator=gen, dtype=torch.float64)
+    ins = [x.clone().requires_grad_() for x in (u, h, b)]
+    calls, real = [], F._HyenaOperator.apply
+
+    def spy(*a):
+        calls.append(tuple(a[0].shape))
+        return real(*a)
+    with folding():
+        op = _fla._op("mixzoo.kernels.fftconv", "hyena_operator")
+        try:
+            F._HyenaOperator.apply = spy
+            out = torch.func.vmap(op, in_dims=(0, 0, 0, None))(*ins, direct)
+        finally:
+            F._HyenaOperator.apply = real
+    assert calls == [(K, B, T, (N + 1) * C)]
+    do = torch.randn(K, B, T, C, generator=gen, dtype=torch.float64)
+    grads = torch.autograd.grad(out, ins, do)
+    for k in range(K):
+        one = [x[k].clone().requires_grad_() for x in (u, h, b)]
+        o = F.hyena_operator(*one, direct)
+        torch.testing.assert_close(out[k], o, rtol=1e-12, atol=1e-12)
+        for got, want in zip(grads, torch.autograd.grad(o, one, do[k])):
+            torch.testing.assert_close(got[k], want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("T", [96, 300])
+def test_hyena_layer_with_the_operator(fused, monkeypatch, T):
+    """The Hyena layer under bf16 autocast with the operator as one Function and with its steps: gradients equal bit
+    for bit; the output within one bf16 rounding (the output projection's product takes a contiguous input instead
+    of a transposed one); the kernels ran name ``hyenaop``."""
+    from mixzoo import kernels
+    from mixzoo.models.hyena import Hyena
+    torch.manual_seed(0)
+    m = Hyena(16)
+    res = {}
+    for how in ("steps", "fused"):
+        monkeypatch.setenv("MIXZOO_HYENA_OP", how)
+        kernels.reset()
+        x = torch.randn(2, T, 16, generator=torch.Generator().manual_seed(T)).requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = m(x)
+        y.float().sum().backward()
+        res[how] = (y.detach().float(), x.grad.clone(), [p.grad.clone() for p in m.parameters()], kernels.ran())
+        m.zero_grad()
+    a, b = res["steps"], res["fused"]
+    assert b[3] == "hyenaop" and "hyenaop" not in (a[3] or "")
+    assert float((a[0] - b[0]).abs().max()) <= 2 ** -7 * float(a[0].abs().max())
+    assert torch.equal(a[1], b[1]) and all(torch.equal(p, q) for p, q in zip(a[2], b[2]))
+
+
+@pytest.mark.parametrize("L", [96, 272])
+def test_stacked_training_with_the_operator_gives_each_run_s_numbers(fused, monkeypatch, L):
+    monkeypatch.setenv("MIXZOO_HYENA_OP", "fused")
+    from mixzoo.models import ModelConfig
+    from mixzoo.tasks.mqar import MQAR
+    from mixzoo.train import TrainConfig, train
+    from mixzoo.train.stacked import train_stacked
+    task, mcfg = MQAR(V=32, L=L, kv=2), ModelConfig(d_model=16, num_heads=2)
+    base = dict(steps=4, batch_size=2, eval_every=2, n_train=8, n_val=4, n_test=4, eval_batch_size=4)
+    cfgs = [TrainConfig(lr=lr, **base) for lr in (3e-3, 1e-2)]
+    solo = [train(task, "hyena", {}, mcfg, c, seed=0, device="cpu") for c in cfgs]
+    stacked = train_stacked(task, "hyena", {}, mcfg, cfgs, (0, 0), device="cpu")
+    for r, q in zip(solo, stacked):
+        assert r.state == q.state == "COMPLETE" and "hyenaop" in r.kernels and "hyenaop" in q.kernels
+        for a, b in zip(r.history, q.history):
+            for k in ("train_loss", "loss"):
+                assert abs(a[k] - b[k]) <= 3e-4 * abs(a[k]), (k, a[k], b[k])
