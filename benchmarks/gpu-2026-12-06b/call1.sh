@@ -10,7 +10,7 @@ S="--steps 30 --warmup 10 --procs= --modes stacked+graphed"
 L4="mad,mad256,mad512,mad1024"
 go 420 env K=tests/gpu/test_fftconv_gpu.py T=150 $Z gputests
 go 300 env TPN=-hyena-default TP_ARGS="--shape $L4 $S --K 6 hyena" T=80 $Z tput
-go 220 env TPN=-hyena-op MIXZOO_HYENA_OP=fused TP_ARGS="--shape $L4 $S --K 6 hyena" T=80 $Z tput
+go 220 env TPN=-hyena-op MIXZOO_HYENA_OP=fused TP_ARGS="--shape $L4 $S --K 6,3 hyena" T=100 $Z tput
 go 150 env TPN=-hyena-toeplitz-fused MIXZOO_HYENA_TOEPLITZ=fused TP_ARGS="--shape mad,mad256 $S --K 6 hyena" T=50 $Z tput
 go 100 env TPN=-floor TP_ARGS="--plugin benchmarks/floor_mixer.py --shape $L4 $S --K 6 floor" T=80 $Z tput
 P="--stacked 6 --graphed --steps 3 --warmup 5 --top 25 --by-source"
