@@ -15,6 +15,7 @@ from mixzoo.kernels import fftconv as F
 def fused(monkeypatch):
     monkeypatch.setenv("MIXZOO_HYENA_CONV", "fused")
     monkeypatch.setenv("MIXZOO_HYENA_TOEPLITZ", "fused")
+    monkeypatch.setenv("MIXZOO_HYENA_OP", "steps")        # the step Functions (the operator's tests set it back)
 
 
 # the two Functions: the FFT step and the Toeplitz step, with their public calls and references
@@ -127,6 +128,7 @@ def test_hyena_layer_with_and_without_it(switch, name, T_on, T_off, ran_off, def
     Toeplitz one does not (not yet timed)."""
     from mixzoo import kernels
     from mixzoo.models.hyena import Hyena
+    monkeypatch.setenv("MIXZOO_HYENA_OP", "steps")
     torch.manual_seed(0)
     m = Hyena(16)
     res = {}
@@ -264,16 +266,19 @@ def test_the_operator_folded_under_vmap_is_the_loop_of_models(fused, monkeypatch
 
 @pytest.mark.parametrize("T", [96, 300])
 def test_hyena_layer_with_the_operator(fused, monkeypatch, T):
-    """The Hyena layer under bf16 autocast with the operator as one Function and with its steps: gradients equal bit
-    for bit; the output within one bf16 rounding (the output projection's product takes a contiguous input instead
-    of a transposed one); the kernels ran name ``hyenaop``."""
+    """The Hyena layer under bf16 autocast with the operator as one Function (the default) and with its steps:
+    gradients equal bit for bit; the output within bf16 rounding (the output projection's product takes a contiguous
+    input instead of a transposed one, and sums in another order); the kernels ran name ``hyenaop``."""
     from mixzoo import kernels
     from mixzoo.models.hyena import Hyena
     torch.manual_seed(0)
     m = Hyena(16)
     res = {}
-    for how in ("steps", "fused"):
-        monkeypatch.setenv("MIXZOO_HYENA_OP", how)
+    for how in ("steps", "fused", None):
+        if how is None:
+            monkeypatch.delenv("MIXZOO_HYENA_OP")
+        else:
+            monkeypatch.setenv("MIXZOO_HYENA_OP", how)
         kernels.reset()
         x = torch.randn(2, T, 16, generator=torch.Generator().manual_seed(T)).requires_grad_()
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -282,7 +287,7 @@ def test_hyena_layer_with_the_operator(fused, monkeypatch, T):
         res[how] = (y.detach().float(), x.grad.clone(), [p.grad.clone() for p in m.parameters()], kernels.ran())
         m.zero_grad()
     a, b = res["steps"], res["fused"]
-    assert b[3] == "hyenaop" and "hyenaop" not in (a[3] or "")
+    assert b[3] == res[None][3] == "hyenaop" and "hyenaop" not in (a[3] or "")     # unset: the operator
     assert float((a[0] - b[0]).abs().max()) <= 2 ** -7 * float(a[0].abs().max())
     assert torch.equal(a[1], b[1]) and all(torch.equal(p, q) for p, q in zip(a[2], b[2]))
 

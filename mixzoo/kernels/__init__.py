@@ -64,9 +64,9 @@ HYENA_PATH = ("by-length", "fft")
 # Hyena's Toeplitz step (fftconv.gated_toeplitz_conv): the composition ("torch", the default until the Function is
 # timed on a GPU) or the autograd Function ("fused")
 HYENA_TOEPLITZ = ("torch", "fused")
-# Hyena's whole operator (fftconv.hyena_operator): its steps one at a time as above ("steps", the default until the
-# one Function is timed on a GPU), or the operator as one Function ("fused": at every length, FFT and Toeplitz)
-HYENA_OP = ("steps", "fused")
+# Hyena's whole operator (fftconv.hyena_operator): as one Function ("fused", the default: 1.05-1.07x the steps' stacked
+# training step at lengths 128 to 1024 on an H100, 2026-12-06) or its steps one at a time as above ("steps")
+HYENA_OP = ("fused", "steps")
 NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS, "MIXZOO_ATTN": ATTN_CHOICES, "MIXZOO_LLA_C": LLA_C,
                   "MIXZOO_LLA_H": LLA_H, "MIXZOO_PARALLAX_TILES": PARALLAX_TILES, "MIXZOO_SSD_DOT": SSD_FORMS,
                   "MIXZOO_MAMBA_SSD": MAMBA_SSD, "MIXZOO_MAMBA_SSD_FOLD": MAMBA_SSD_FOLD, "MIXZOO_MESA_FOLD": MESA_FOLD,

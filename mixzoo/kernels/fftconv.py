@@ -231,16 +231,21 @@ gated_toeplitz_conv.__mixzoo_fold__ = _folder(gated_toeplitz_conv, toeplitz_caus
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Hyena's whole order-N operator as one Function (MIXZOO_HYENA_OP=fused): the steps above, in the layout of the
-# layer's input and output. Chaining the step Functions leaves the layout's glue to autograd: the split of the short
-# convolution's output into gates and value (its backward a ``cat`` of their gradients, 2 x 2.5 ms of a 86 ms stacked
-# step at length 1024 on the H200, benchmarks/h200-2026-12-05c/profile-1024.md), the transposes to and from the
-# channels-first layout the convolution takes, and the output's cast. Here the gradients of the gates and the value
-# are written into one buffer in the input's layout and dtype, and the last gate's product into the output's.
+# Hyena's whole order-N operator as one Function (the default; MIXZOO_HYENA_OP=steps chains the step Functions above
+# instead): the steps above, in the layout of the layer's input and output. Chaining the step Functions leaves the
+# layout's glue to autograd: the split of the short convolution's output into gates and value (its backward a ``cat``
+# of their gradients, 2 x 2.5 ms of a 86 ms stacked step at length 1024 on the H200,
+# benchmarks/h200-2026-12-05c/profile-1024.md), the transposes to and from the channels-first layout the convolution
+# takes, and the output's cast. Here the gradients of the gates and the value are written into one buffer in the
+# input's layout and dtype, and the last gate's product into the output's. Side by side on an H100 (2026-12-06,
+# benchmarks/h100-2026-12-06b/), Hyena's stacked+graphed training step (6 models, MAD's baseline shape) with it
+# against the chained steps: 575.3 against 544.1 model-steps/s at length 128 (1.06x), 275.3 against 261.8 at 256
+# (1.05x), 135.6 against 127.4 at 512 (1.06x), 69.0 against 64.6 at 1024 (1.07x).
 
 def operator_runs(u: torch.Tensor) -> bool:
-    """Whether Hyena's operator runs as one Function (``hyena_operator``): with ``MIXZOO_HYENA_OP=fused``."""
-    return os.environ.get("MIXZOO_HYENA_OP") == "fused" and not torch.compiler.is_compiling()
+    """Whether Hyena's operator runs as one Function (``hyena_operator``): by default (or ``MIXZOO_HYENA_OP=fused``);
+    ``MIXZOO_HYENA_OP=steps`` chains the step Functions."""
+    return os.environ.get("MIXZOO_HYENA_OP") != "steps" and not torch.compiler.is_compiling()
 
 
 def hyena_operator_torch(u: torch.Tensor, h: torch.Tensor, b: torch.Tensor, direct: bool) -> torch.Tensor:

@@ -1,15 +1,17 @@
 """Hyena (Poli et al., 2023): an order-N operator of gated long convolutions.
 
-u = ShortConv(W_in x) is split into N gates x_1..x_N and a value v; then for n = 1..N,
-v <- x_n ⊙ (h_n * v + b_n ⊙ v), where h_n is an implicit long filter: a small MLP with sine
-activations of fixed positional features of the lag, times an exponential decay window. The
-convolution is linear (never circular) and causal at every length: up to ``DIRECT_MAX_LEN`` a product with
-each channel's causal Toeplitz matrix, beyond it an FFT convolution zero-padded to at least 2T; the filter's
-value at lag t does not depend on the sequence length. Paths, in PyTorch, by length: ``torch-toeplitz`` up to
-``DIRECT_MAX_LEN``, ``torch-fft`` beyond. Each FFT step (the convolution, the bias and the gate) is one autograd
-Function with the convolution's adjoint as its backward (``mixzoo.kernels.fftconv``; the run's kernels then name
-``fftconv``); ``MIXZOO_HYENA_CONV=torch`` runs autograd's composition instead (the reference). The Toeplitz
-step has the same Function (``toeplitzconv``) with ``MIXZOO_HYENA_TOEPLITZ=fused``: off until it is timed.
+u = ShortConv(W_in x) is split into N gates x_1..x_N and a value v; then for n = 1..N, v <- x_n ⊙ (h_n * v + b_n ⊙
+v), where h_n is an implicit long filter: a small MLP with sine activations of fixed positional features of the lag,
+times an exponential decay window. The convolution is linear (never circular) and causal at every length: up to
+``DIRECT_MAX_LEN`` a product with each channel's causal Toeplitz matrix, beyond it an FFT convolution zero-padded to
+at least 2T; the filter's value at lag t does not depend on the sequence length. Paths, in PyTorch, by length:
+``torch-toeplitz`` up to ``DIRECT_MAX_LEN``, ``torch-fft`` beyond. The whole operator (both steps, the split into
+gates and value, the layouts) is one autograd Function with each convolution's adjoint in its backward
+(``mixzoo.kernels.fftconv.hyena_operator``; the run's kernels then name ``hyenaop``). ``MIXZOO_HYENA_OP=steps``
+chains one Function per step instead: each FFT step (the convolution, the bias and the gate; kernels ``fftconv``),
+with ``MIXZOO_HYENA_CONV=torch`` autograd's composition (the reference); the Toeplitz step as the composition, or
+with ``MIXZOO_HYENA_TOEPLITZ=fused`` its Function (``toeplitzconv``: 0.98-0.99x the composition's training step on
+an H100, so off).
 """
 from __future__ import annotations
 
@@ -114,7 +116,7 @@ class Hyena(nn.Module):
         u = self.short(self.in_proj(x))                                     # (B, T, (N+1)D)
         h = self.filter(T, x.device).view(self.order, D, T)
         self.backend = "torch-toeplitz" if direct(T) else "torch-fft"
-        if _fftconv.operator_runs(u):   # the whole operator as one Function (mixzoo.kernels.fftconv; folded when stacking)
+        if _fftconv.operator_runs(u):   # the whole operator as one Function (the default; folded when stacking)
             return self.out_proj(_fla._op("mixzoo.kernels.fftconv", "hyena_operator")(u, h, self.bias, direct(T)))
         *gates, v = u.transpose(1, 2).split(D, dim=1)                       # (B, D, T) each
         # the step as one autograd Function (mixzoo.kernels.fftconv; folded when stacking): by default at the FFT

@@ -50,6 +50,7 @@ def test_mad_layer_against_float64_beside_the_composition(switch, name, B, T, mo
     against the layer in float64: the Function's errors no worse; the run's kernels name it."""
     from mixzoo import kernels
     from mixzoo.models.hyena import Hyena
+    monkeypatch.setenv("MIXZOO_HYENA_OP", "steps")       # the step Functions (the operator gives their numbers)
     torch.manual_seed(0)
     m = Hyena(128).cuda()
     ref = copy.deepcopy(m).double()
@@ -113,6 +114,7 @@ def test_stacked_training_at_512_matches_separate_runs(mode, monkeypatch):
     comparison of tests/gpu/test_throughput_gpu.py: training loss at steps 5..20, 2e-2 relative); every run's
     kernels name the Function."""
     monkeypatch.setenv("MIXZOO_EAGER_KERNELS", "1")        # the separate runs on the stacked run's kernels
+    monkeypatch.setenv("MIXZOO_HYENA_OP", "steps")         # the FFT step's Function (the operator: the test below)
     from mixzoo.models import RECIPES, ModelConfig
     from mixzoo.tasks.mad import MADRecall
     from mixzoo.train import TrainConfig, train
