@@ -211,8 +211,10 @@ def test_the_operator_gradcheck_float64(fused, monkeypatch, direct):
 @pytest.mark.parametrize("N", [1, 2, 3])
 @pytest.mark.parametrize("T", [40, 300])
 def test_the_operator_is_the_chained_steps_bit_for_bit(fused, monkeypatch, T, N):
-    """u in bf16 (autocast's), filters and biases float32: the operator's output and gradients equal to the step
-    Functions chained in the layer's layout, bit for bit, at a Toeplitz length (40) and an FFT length (300)."""
+    """u in bf16 (autocast's), filters and biases float32: the operator's output and its gradients of u and h equal to
+    the step Functions chained in the layer's layout, bit for bit, at a Toeplitz length (40) and an FFT length (300);
+    the biases' gradient too at the Toeplitz length, and within float32 reordering at the FFT one (its sum over the
+    batch and time reads the FFTs' zero-padded buffers, in another order)."""
     monkeypatch.setenv("MIXZOO_HYENA_OP", "fused")
     gen = torch.Generator().manual_seed(T + N)
     B, C, direct = 3, 4, T <= 256
@@ -228,7 +230,8 @@ def test_the_operator_is_the_chained_steps_bit_for_bit(fused, monkeypatch, T, N)
     y2 = v.transpose(1, 2).to(u.dtype)
     want = [y2, *torch.autograd.grad(y2, (u, h, b), do)]
     assert [x.dtype for x in got] == [torch.bfloat16, torch.bfloat16, torch.float32, torch.float32]
-    assert all(torch.equal(a, w) for a, w in zip(got, want))
+    assert all(torch.equal(a, w) for a, w in zip(got[:3], want[:3]))
+    assert torch.equal(got[3], want[3]) if direct else float((got[3] - want[3]).norm()) <= 1e-6 * float(want[3].norm())
 
 
 @pytest.mark.parametrize("direct", [True, False])
@@ -267,8 +270,9 @@ def test_the_operator_folded_under_vmap_is_the_loop_of_models(fused, monkeypatch
 @pytest.mark.parametrize("T", [96, 300])
 def test_hyena_layer_with_the_operator(fused, monkeypatch, T):
     """The Hyena layer under bf16 autocast with the operator as one Function (the default) and with its steps:
-    gradients equal bit for bit; the output within bf16 rounding (the output projection's product takes a contiguous
-    input instead of a transposed one, and sums in another order); the kernels ran name ``hyenaop``."""
+    gradients equal (bit for bit but the Hyena biases' at FFT lengths: float32 reordering); the output within bf16
+    rounding (the output projection's product takes a contiguous input instead of a transposed one, and sums in
+    another order); the kernels ran name ``hyenaop``."""
     from mixzoo import kernels
     from mixzoo.models.hyena import Hyena
     torch.manual_seed(0)
@@ -289,7 +293,9 @@ def test_hyena_layer_with_the_operator(fused, monkeypatch, T):
     a, b = res["steps"], res["fused"]
     assert b[3] == res[None][3] == "hyenaop" and "hyenaop" not in (a[3] or "")     # unset: the operator
     assert float((a[0] - b[0]).abs().max()) <= 2 ** -7 * float(a[0].abs().max())
-    assert torch.equal(a[1], b[1]) and all(torch.equal(p, q) for p, q in zip(a[2], b[2]))
+    assert torch.equal(a[1], b[1])
+    for (name, _), p, q in zip(m.named_parameters(), a[2], b[2]):
+        assert torch.equal(p, q) if name != "bias" or T <= 256 else float((p - q).norm()) <= 1e-6 * float(p.norm())
 
 
 @pytest.mark.parametrize("L", [96, 272])

@@ -67,6 +67,8 @@ HYENA_TOEPLITZ = ("torch", "fused")
 # Hyena's whole operator (fftconv.hyena_operator): as one Function ("fused", the default: 1.05-1.07x the steps' stacked
 # training step at lengths 128 to 1024 on an H100, 2026-12-06) or its steps one at a time as above ("steps")
 HYENA_OP = ("fused", "steps")
+# that Function's FFT operands: written into zero-padded buffers ("buffers", the default) or padded by rfft ("rfft")
+HYENA_FFT_PAD = ("buffers", "rfft")
 NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS, "MIXZOO_ATTN": ATTN_CHOICES, "MIXZOO_LLA_C": LLA_C,
                   "MIXZOO_LLA_H": LLA_H, "MIXZOO_PARALLAX_TILES": PARALLAX_TILES, "MIXZOO_SSD_DOT": SSD_FORMS,
                   "MIXZOO_MAMBA_SSD": MAMBA_SSD, "MIXZOO_MAMBA_SSD_FOLD": MAMBA_SSD_FOLD, "MIXZOO_MESA_FOLD": MESA_FOLD,
@@ -74,7 +76,7 @@ NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS, "MIXZOO_ATTN": ATTN_CHOICES, "MI
                   "MIXZOO_ATTN_TILES": ATTN_TILES, "MIXZOO_FLA_PAD": FLA_PAD, "MIXZOO_GDN": REC_CORE, "MIXZOO_GLA_CORE": REC_CORE,
                   "MIXZOO_REC_TILES": REC_TILES, "MIXZOO_GLA_PROJ": GLA_PROJ, "MIXZOO_HYENA_CONV": HYENA_CONV,
                   "MIXZOO_HYENA_PATH": HYENA_PATH, "MIXZOO_HYENA_TOEPLITZ": HYENA_TOEPLITZ,
-                  "MIXZOO_HYENA_OP": HYENA_OP,
+                  "MIXZOO_HYENA_OP": HYENA_OP, "MIXZOO_HYENA_FFT_PAD": HYENA_FFT_PAD,
                   **GLA_SWITCHES}
 
 

@@ -61,26 +61,43 @@ def _float(t: torch.Tensor) -> torch.dtype:
     return torch.float64 if t.dtype == torch.float64 else torch.float32
 
 
-def _conv_forward(vf: torch.Tensor, hf: torch.Tensor, direct: bool):
+def _pads_buffers(direct: bool) -> bool:
+    """Whether the operator writes its FFTs' operands into zero-padded buffers (``_padded``): at the FFT lengths,
+    unless ``MIXZOO_HYENA_FFT_PAD=rfft`` (rfft pads them, as the steps do)."""
+    return not direct and os.environ.get("MIXZOO_HYENA_FFT_PAD") != "rfft"
+
+
+def _padded(like: torch.Tensor, shape: tuple, T: int, dtype: torch.dtype):
+    """A zero-padded buffer (*shape, fft_size(T)) for an operand of the FFTs, and its first T columns (a view) for its
+    producer to write into: rfft then pads nothing (``rfft(x, n=n)`` fills a new buffer of size n with zeros and
+    copies x into it, a third of the operator's copies at length 1024)."""
+    buf = like.new_empty(*shape, fft_size(T), dtype=dtype)
+    buf[..., T:].zero_()
+    return buf, buf[..., :T]
+
+
+def _conv_forward(vf: torch.Tensor, hf: torch.Tensor, direct: bool, padded: torch.Tensor | None = None):
     """The causal convolution of vf (G, B, C, T) with hf (G, C, T), both float32 (float64), and what its adjoint
     keeps: the spectra V (G, B, C, F) and H (G, 1, C, F) of FFTs of size ``fft_size(T)``, or with ``direct`` the
-    Toeplitz matrices M (G, C, T, T) (float32 products, autocast off, as the FFTs)."""
+    Toeplitz matrices M (G, C, T, T) (float32 products, autocast off, as the FFTs). ``padded``: vf's buffer from
+    ``_padded`` (vf its view), transformed as it is."""
     T = vf.shape[-1]
     if direct:
         M = toeplitz(hf)
         with torch.autocast(vf.device.type, enabled=False):
             return torch.einsum("gcts,gbcs->gbct", M, vf), (M,)
     n = fft_size(T)
-    V = torch.fft.rfft(vf, n=n)
+    V = torch.fft.rfft(vf, n=n) if padded is None else torch.fft.rfft(padded)
     H = torch.fft.rfft(hf, n=n).unsqueeze(1)
     return torch.fft.irfft(V * H, n=n)[..., :T], (V, H)
 
 
-def _conv_backward(dz: torch.Tensor, vf: torch.Tensor, kept: tuple, direct: bool, need_v: bool, need_h: bool):
-    """The convolution's adjoint at dz (G, B, C, T): (its value gradient, its filter gradient), either None where not
-    needed. FFTs: dv = irfft(rfft(dz) · conj(H))[:T] (a correlation), dh = irfft(Σ_batch conj(V) rfft(dz))[:T]; each
-    FFT of dz taken once. Toeplitz: dv = Mᵀ dz, dh the diagonal sums of Σ_batch dz vᵀ (one batched product per
-    channel)."""
+def _conv_backward(dz: torch.Tensor, vf: torch.Tensor, kept: tuple, direct: bool, need_v: bool, need_h: bool,
+                   padded: torch.Tensor | None = None):
+    """The convolution's adjoint at dz (G, B, C, T): (its value gradient, its filter gradient), either None where
+    not needed; ``padded`` as for ``_conv_forward``. FFTs: dv = irfft(rfft(dz) · conj(H))[:T] (a correlation), dh =
+    irfft(Σ_batch conj(V) rfft(dz))[:T]; each FFT of dz taken once. Toeplitz: dv = Mᵀ dz, dh the diagonal sums of
+    Σ_batch dz vᵀ (one batched product per channel)."""
     if direct:
         (M,) = kept
         with torch.autocast(dz.device.type, enabled=False):
@@ -90,7 +107,7 @@ def _conv_backward(dz: torch.Tensor, vf: torch.Tensor, kept: tuple, direct: bool
     V, H = kept
     T = dz.shape[-1]
     n = fft_size(T)
-    DZ = torch.fft.rfft(dz, n=n)
+    DZ = torch.fft.rfft(dz, n=n) if padded is None else torch.fft.rfft(padded)
     dv = torch.fft.irfft(DZ * H.conj(), n=n)[..., :T] if need_v else None
     dh = torch.fft.irfft(torch.linalg.vecdot(V, DZ, dim=1), n=n)[..., :T] if need_h else None   # Σ_batch conj(V) DZ
     return dv, dh
@@ -274,14 +291,26 @@ class _HyenaOperator(torch.autograd.Function):
         ut = u.transpose(-1, -2)                                   # (G, B, W, T), a view
         hf, bf = h.to(dt), b.to(dt)
         out = u.new_empty(G, B, T, C)
-        v = ut[:, :, N * C:].to(dt)
+        # FFTs: each operand written into its zero-padded buffer (``_padded``); Toeplitz products: as the steps
+        pad, pads = None, _pads_buffers(direct)
+        if not pads:
+            v = ut[:, :, N * C:].to(dt)
+        else:
+            pad, v = _padded(u, (G, B, C), T, dt)
+            v.copy_(ut[:, :, N * C:])
         kept = []
         for n in range(N):
-            y, conv = _conv_forward(v, hf[:, n], direct)
+            y, conv = _conv_forward(v, hf[:, n], direct, pad)
             z = torch.addcmul(y, v, bf[:, n, None, :, None])
             kept += [v, z, *conv]
             g = ut[:, :, n * C:(n + 1) * C]
-            v = torch.mul(g, z, out=out.transpose(-1, -2)) if n == N - 1 else g * z
+            if n == N - 1:
+                torch.mul(g, z, out=out.transpose(-1, -2))
+            elif not pads:
+                v = g * z
+            else:
+                pad, v = _padded(u, (G, B, C), T, dt)
+                torch.mul(g, z, out=v)
         ctx.save_for_backward(u, b, *kept)
         ctx.direct, ctx.N, ctx.h_dtype = direct, N, h.dtype
         return out
@@ -304,11 +333,16 @@ class _HyenaOperator(torch.autograd.Function):
         for n in reversed(range(N)):
             v, z, *conv = kept[n * per:(n + 1) * per]
             g = ut[:, :, n * C:(n + 1) * C]
-            dz = d * g
+            pad = None
+            if not _pads_buffers(direct):
+                dz = d * g
+            else:
+                pad, dz = _padded(u, (G, B, C), T, dt)
+                torch.mul(d, g, out=dz)
             torch.mul(d, z, out=dut[:, :, n * C:(n + 1) * C])     # the gate's gradient, in u's dtype
             if need_b:
                 db[:, n] = (dz * v).sum((1, 3))
-            dvc, dhn = _conv_backward(dz, v, conv, direct, True, need_h)
+            dvc, dhn = _conv_backward(dz, v, conv, direct, True, need_h, pad)
             if need_h:
                 dh[:, n] = dhn
             d = torch.addcmul(dvc, dz, b[:, n].to(dt)[:, None, :, None])

@@ -142,8 +142,9 @@ def test_stacked_training_at_512_matches_separate_runs(mode, monkeypatch):
 @pytest.mark.parametrize("T", [128, 1024])
 def test_the_operator_is_the_chained_steps_bit_for_bit(T, monkeypatch):
     """Hyena's operator as one Function (MIXZOO_HYENA_OP=fused) against its steps chained (the step Functions, both
-    on), the mad layer's sizes under bf16 autocast's dtypes (u bf16): output and gradients equal bit for bit, eager
-    and replayed from a CUDA graph."""
+    on), the mad layer's sizes under bf16 autocast's dtypes (u bf16): output and gradients equal bit for bit (at the
+    FFT length the biases' gradient within float32 reordering: tests/test_fftconv.py), eager and replayed from a
+    CUDA graph (bit for bit the eager call)."""
     from mixzoo.kernels import fftconv as F
     for k, v in (("MIXZOO_HYENA_OP", "fused"), ("MIXZOO_HYENA_CONV", "fused"), ("MIXZOO_HYENA_TOEPLITZ", "fused")):
         monkeypatch.setenv(k, v)
@@ -166,8 +167,9 @@ def test_the_operator_is_the_chained_steps_bit_for_bit(T, monkeypatch):
         y = F.hyena_operator(u, h, b, direct)
         return [y.detach(), *torch.autograd.grad(y, (u, h, b), do)]
     want, got = chained(), fused()
-    assert all(torch.equal(a, w) for a, w in zip(got, want)), [float((a.float() - w.float()).abs().max())
-                                                               for a, w in zip(got, want)]
+    assert all(torch.equal(a, w) for a, w in zip(got[:3], want[:3])), [float((a.float() - w.float()).abs().max())
+                                                                       for a, w in zip(got, want)]
+    assert torch.equal(got[3], want[3]) if direct else float((got[3] - want[3]).norm()) <= 1e-6 * float(want[3].norm())
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -179,7 +181,7 @@ def test_the_operator_is_the_chained_steps_bit_for_bit(T, monkeypatch):
         outs = fused()
     graph.replay()
     torch.cuda.synchronize()
-    assert all(torch.equal(a, w) for a, w in zip(outs, want))
+    assert all(torch.equal(a, w) for a, w in zip(outs, got))
 
 
 @pytest.mark.parametrize("L", [128, 512])
