@@ -70,7 +70,9 @@ def _pads_buffers(direct: bool) -> bool:
 def _padded(like: torch.Tensor, shape: tuple, T: int, dtype: torch.dtype):
     """A zero-padded buffer (*shape, fft_size(T)) for an operand of the FFTs, and its first T columns (a view) for its
     producer to write into: rfft then pads nothing (``rfft(x, n=n)`` fills a new buffer of size n with zeros and
-    copies x into it, a third of the operator's copies at length 1024)."""
+    copies x into it, a third of the operator's copies at length 1024). Side by side on an H200 (2026-12-06,
+    benchmarks/h200-2026-12-06/), Hyena's stacked+graphed training step (K = 6) with the buffers against rfft's
+    padding: 183.1 against 171.4 model-steps/s at length 512, 93.5 against 87.7 at 1024 (1.07x each)."""
     buf = like.new_empty(*shape, fft_size(T), dtype=dtype)
     buf[..., T:].zero_()
     return buf, buf[..., :T]
