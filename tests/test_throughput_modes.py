@@ -371,3 +371,21 @@ def test_a_projection_refuses_rates_from_two_kinds_of_device(tmp_path):
     fb.write_text(json.dumps(b))
     assert main(["bench", "throughput", "--project", str(fa), str(fb)]) == 2
 
+
+
+def test_mad_projection_of_mad_s_own_protocol(tmp_path, capsys):
+    """``--seeds 0``: MAD's own protocol (each setting's 6 search runs, the best reported, no re-run seeds) is 6/9 of
+    mixzoo's (6 trials and 3 seeds) in every cell, and has no 'sweep:' cell; bad counts are refused (exit 2)."""
+    from mixzoo.bench.throughput import project_mad
+    f = tmp_path / "rates.json"
+    f.write_text(json.dumps(_synthetic_rates()))
+    full, own = project_mad(f, variant="settings"), project_mad(f, variant="settings", seeds=0)
+    for m, cells in full["hours"].items():
+        for c, h in cells.items():
+            assert own["hours"][m][c] == pytest.approx(h * 6 / 9)
+    assert main(["bench", "throughput", "--project", str(f), "--protocol", "settings", "--seeds", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "| softmax |" in out and "sweep:" not in out
+    for bad in (["--seeds", "-1"], ["--trials", "0"]):
+        assert main(["bench", "throughput", "--project", str(f), *bad]) == 2
+        assert "--trials must be >= 1" in capsys.readouterr().err

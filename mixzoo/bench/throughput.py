@@ -634,11 +634,13 @@ def projection_table(p: dict) -> str:
             out.append(f"Step times measured at lengths {', '.join(map(str, Ls))} ({who}); the {pct} % of the "
                        f"work at other lengths scaled linearly in length from the nearest measured.")
     for c in p.get("over_stacked", []):
-        out.append(f"\nNote: {c} stacks more models per process than a sweep's worker does here (it stacks the "
-                   f"{p['trials']} trials, then the seeds, of one study at a time); that rate is reached only "
-                   f"with several workers per GPU adding up to it (measure a `--pack stacked+graphed:"
-                   f"{p['trials']}` cell with --procs); the 'sweep:' column, where measured, is one worker's "
-                   f"rate as it runs a study (`--K {p['trials']},{p['seeds']}`).")
+        then = (f"the {p['trials']} trials, then the seeds," if p["seeds"] else f"the {p['trials']} runs")
+        rate = (f"the 'sweep:' column, where measured, is one worker's rate as it runs a study (`--K "
+                f"{p['trials']},{p['seeds']}`)" if p["seeds"] else
+                f"one worker's rate as it runs a study is its stacked+graphed K={p['trials']} cell")
+        out.append(f"\nNote: {c} stacks more models per process than a sweep's worker does here (it stacks {then} "
+                   f"of one study at a time); that rate is reached only with several workers per GPU adding up to it "
+                   f"(measure a `--pack stacked+graphed:{p['trials']}` cell with --procs); {rate}.")
     return "\n".join(out)
 
 
@@ -647,7 +649,7 @@ def modes_main(args) -> int:
 
     from ..errors import UsageError
     if getattr(args, "project", None):
-        p = project_mad(args.project, variant=args.protocol)
+        p = project_mad(args.project, variant=args.protocol, trials=args.trials, seeds=args.seeds)
         text = projection_table(p)
         print(text)
         if args.md:
