@@ -389,3 +389,5 @@ def test_mad_projection_of_mad_s_own_protocol(tmp_path, capsys):
     for bad in (["--seeds", "-1"], ["--trials", "0"]):
         assert main(["bench", "throughput", "--project", str(f), *bad]) == 2
         assert "--trials must be >= 1" in capsys.readouterr().err
+    assert main(["bench", "throughput", "--shape", "tiny", "--seeds", "0"]) == 2      # counts without --project
+    assert "with throughput --project only" in capsys.readouterr().err

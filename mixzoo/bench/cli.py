@@ -39,10 +39,10 @@ def configure(name: str, p) -> None:
     t.add_argument("--protocol", choices=("readme", "settings"), default="readme",
                    help="the projection's work model: readme (66 x 9 runs x 20k steps at 2.3x the baseline "
                         "length, as the README's) or settings (each setting's own length and training-set size)")
-    t.add_argument("--trials", type=int, default=6,
-                   help="--project: runs of each setting's search (MAD's grid: 3 learning rates x 2 weight decays)")
-    t.add_argument("--seeds", type=int, default=3,
-                   help="--project: runs of each setting's best configuration after the search (mixzoo's 3 seeds; "
+    t.add_argument("--trials", type=int, default=None,
+                   help="--project: runs of each setting's search (default 6, MAD's grid: 3 learning rates x 2 weight decays)")
+    t.add_argument("--seeds", type=int, default=None,
+                   help="--project: runs of each setting's best configuration after the search (default mixzoo's 3; "
                         "0 for MAD's own protocol, which reports the best of its search runs)")
 
 
@@ -60,7 +60,12 @@ def main(args) -> int:
     for flag in ("steps", "warmup"):
         if getattr(args, flag) < 1:
             raise UsageError(f"bench: --{flag} must be >= 1")
-    if getattr(args, "trials", 6) < 1 or getattr(args, "seeds", 3) < 0:
+    given = [f"--{k}" for k in ("trials", "seeds") if getattr(args, k, None) is not None]
+    if given and not getattr(args, "project", None):
+        raise UsageError(f"bench: {' and '.join(given)} count the MAD projection's runs: with throughput --project only")
+    args.trials = 6 if getattr(args, "trials", None) is None else args.trials
+    args.seeds = 3 if getattr(args, "seeds", None) is None else args.seeds
+    if args.trials < 1 or args.seeds < 0:
         raise UsageError(f"bench throughput: --trials {args.trials}, --seeds {args.seeds}; --trials must be >= 1 and "
                          "--seeds >= 0")
     try:
