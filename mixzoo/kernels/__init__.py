@@ -43,6 +43,9 @@ LLA_C = ("forward", "summed")
 # and its right-hand side h = Σ_VKᵀ g from moments the forward kept ("forward", its output then formed from them) or
 # summed again over the keys
 LLA_H = ("forward", "summed")
+# and its precision level: the one λ gives ("level", the default until timed on a GPU) or at most 1 ("capped": the
+# Triton interpreter with GPU numerics measured the same errors, benchmarks/lla_notes.md)
+LLA_DIRECT_PREC = ("level", "capped")
 # the small-head attention's tiles (attn.default_tiles): by length, or the single set used before
 ATTN_TILES = ("by-length", "old")
 # the width gdn's, GLA's and MesaNet's narrower heads are padded to in memory before fla's calls (models._fla.fla_pad_width)
@@ -70,7 +73,8 @@ HYENA_OP = ("fused", "steps")
 # that Function's FFT operands: written into zero-padded buffers ("buffers", the default) or padded by rfft ("rfft")
 HYENA_FFT_PAD = ("buffers", "rfft")
 NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS, "MIXZOO_ATTN": ATTN_CHOICES, "MIXZOO_LLA_C": LLA_C,
-                  "MIXZOO_LLA_H": LLA_H, "MIXZOO_PARALLAX_TILES": PARALLAX_TILES, "MIXZOO_SSD_DOT": SSD_FORMS,
+                  "MIXZOO_LLA_H": LLA_H,
+                  "MIXZOO_LLA_DIRECT_PREC": LLA_DIRECT_PREC, "MIXZOO_PARALLAX_TILES": PARALLAX_TILES, "MIXZOO_SSD_DOT": SSD_FORMS,
                   "MIXZOO_MAMBA_SSD": MAMBA_SSD, "MIXZOO_MAMBA_SSD_FOLD": MAMBA_SSD_FOLD, "MIXZOO_MESA_FOLD": MESA_FOLD,
                   "MIXZOO_CONV_FOLD": CONV_FOLDS, "MIXZOO_CONV_BWD": CONV_BWD, "MIXZOO_CONV_FWD": CONV_FWD,
                   "MIXZOO_ATTN_TILES": ATTN_TILES, "MIXZOO_FLA_PAD": FLA_PAD, "MIXZOO_GDN": REC_CORE, "MIXZOO_GLA_CORE": REC_CORE,

@@ -112,6 +112,22 @@ DIRECT_MAX_DIM = 8
 SOLVES = ("auto", "cg", "direct")
 
 
+# The explicit solve's precision level with ``MIXZOO_LLA_DIRECT_PREC=capped``: at most 1. Its C and right-hand sides are
+# summed in the moment pass and eliminated in fp32 registers, so the level's CG parts (PREC >= 2: the direction p split,
+# the matvec's weights as hi + lo) do not occur, and its remaining parts (the moments' weights in three bf16 parts, PREC
+# >= 2, against two at 1) did not change any error: benchmarks/lla_small_ridge.py --D 4,8 --T 64,160,300 --qscale 1,4,
+# λ 0.01 and 0.03 at levels 3 / 1 and λ 0.1 to 2.9 at levels 2 / 1, o, dq, dk and dv against float64 equal to two
+# digits in every case (1.4e-3 to 3.5e-3); level 0 left dk, dv errors up to 5.6e-2 at λ 0.01 (benchmarks/lla_notes.md).
+# Off until timed on a GPU: fewer matmuls in the moment pass (three in place of five per moment).
+DIRECT_PREC_MAX = 1
+
+
+def direct_prec(prec: int) -> int:
+    """The precision level the explicit solve runs at for λ's level ``prec``: ``prec``, or with
+    ``MIXZOO_LLA_DIRECT_PREC=capped`` at most ``DIRECT_PREC_MAX``."""
+    return min(prec, DIRECT_PREC_MAX) if os.environ.get("MIXZOO_LLA_DIRECT_PREC") == "capped" else prec
+
+
 def direct_dims(D: int, solve: str = "auto") -> int | None:
     """The DR of the explicit solve for a head of D dims under ``solve``, or None for CG."""
     if solve == "cg" or D > DIRECT_MAX_DIM:
@@ -797,6 +813,8 @@ class LLAFunction(torch.autograd.Function):
             lam = torch.full((B * H, T), float(ridge), device=q.device, dtype=torch.float32)
         if prec is None:                          # a float ridge needs no device sync
             prec = precision_level(float(lam.min()) if torch.is_tensor(ridge) else float(ridge))
+        if dr is not None:
+            prec = direct_prec(prec)
         # with the explicit solve, the forward's C is kept for the backward's ν solve (``c_from_forward``): the
         # backward's query pass then sums no second moments (dr·dr floats a row kept instead)
         cm = (torch.empty(B * H, T, dr * dr, device=q.device, dtype=torch.float32)
