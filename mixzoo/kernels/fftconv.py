@@ -139,18 +139,25 @@ def _step_backward(ctx, dout, direct: bool):
     return dv, dg, None if dh is None else dh.to(h_dtype), db
 
 
-class _GatedFFTConv(torch.autograd.Function):
-    """v (G, B, C, T), g like v, h (G, C, T), b (G, C) -> (G, B, C, T) float32 (float64 for float64 v)."""
+def _step_function(kernel: str, direct: bool, doc: str) -> type:
+    """The autograd Function of one gated step (``_step_forward`` / ``_step_backward``), named ``kernel`` in the
+    kernels a run reports: the FFT step, or with ``direct`` the Toeplitz step."""
+    class Step(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, v, g, h, b):
+            from . import RAN
+            RAN.add(kernel)
+            return _step_forward(ctx, v, g, h, b, direct)
 
-    @staticmethod
-    def forward(ctx, v, g, h, b):
-        from . import RAN
-        RAN.add("fftconv")
-        return _step_forward(ctx, v, g, h, b, False)
+        @staticmethod
+        def backward(ctx, dout):
+            return _step_backward(ctx, dout, direct)
+    Step.__doc__ = doc
+    return Step
 
-    @staticmethod
-    def backward(ctx, dout):
-        return _step_backward(ctx, dout, False)
+
+_GatedFFTConv = _step_function("fftconv", False, """v (G, B, C, T), g like v, h (G, C, T), b (G, C) -> (G, B, C, T)
+float32 (float64 for float64 v).""")
 
 
 def gated_fft_conv(v: torch.Tensor, g: torch.Tensor, h: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -161,14 +168,17 @@ def gated_fft_conv(v: torch.Tensor, g: torch.Tensor, h: torch.Tensor, b: torch.T
     return _GatedFFTConv.apply(v[None], g[None], h[None], b[None]).squeeze(0)   # squeeze: its backward is a view
 
 
+def _models_first(K: int, in_dims: tuple, *ts: torch.Tensor) -> list[torch.Tensor]:
+    """Each tensor with its vmapped dimension moved first (a tensor vmap does not batch: expanded to the K models)."""
+    return [t.movedim(d, 0) if d is not None else t.unsqueeze(0).expand(K, *t.shape) for t, d in zip(ts, in_dims)]
+
+
 def _folder(fn, conv, fused):
     """The vmap fold (``mixzoo.train.vmapfold``) of ``fn``: K models in one call of K groups, model k's sequences
     reading its filters h[k] and biases b[k]; ``conv`` the reference convolution, ``fused()`` whether the Function
     runs. ``conv(v, h)`` takes v (K, B, C, T) and h (K, C, T)."""
     def fold(K: int, in_dims: tuple, v: torch.Tensor, g: torch.Tensor, h: torch.Tensor, b: torch.Tensor):
-        def front(t, d):
-            return t.movedim(d, 0) if d is not None else t.unsqueeze(0).expand(K, *t.shape)
-        v, g, h, b = (front(t, d) for t, d in zip((v, g, h, b), in_dims))
+        v, g, h, b = _models_first(K, in_dims, v, g, h, b)
         if not fused(v):        # the reference, each model's filters and biases broadcast over its sequences
             vf = v if v.dtype == torch.float64 else v.float()
             return g * torch.addcmul(conv(vf, h), vf, b[:, None, :, None]), 0
@@ -221,20 +231,9 @@ def gated_toeplitz_conv_torch(v: torch.Tensor, g: torch.Tensor, h: torch.Tensor,
     return g * torch.addcmul(toeplitz_causal_conv(v, h), v, b[:, None])
 
 
-class _GatedToeplitzConv(torch.autograd.Function):
-    """v (G, B, C, T), g like v, h (G, C, T), b (G, C) -> (G, B, C, T) float32 (float64 for float64 v). The
-    backward: dz = dout ⊙ g, dg = dout ⊙ z, db = Σ dz ⊙ v, dv = b ⊙ dz + Mᵀ dz, dh = the diagonal sums of
-    Σ_batch dz vᵀ (one batched product per channel; M kept from the forward)."""
-
-    @staticmethod
-    def forward(ctx, v, g, h, b):
-        from . import RAN
-        RAN.add("toeplitzconv")
-        return _step_forward(ctx, v, g, h, b, True)
-
-    @staticmethod
-    def backward(ctx, dout):
-        return _step_backward(ctx, dout, True)
+_GatedToeplitzConv = _step_function("toeplitzconv", True, """v (G, B, C, T), g like v, h (G, C, T), b (G, C) ->
+(G, B, C, T) float32 (float64 for float64 v). The backward: dz = dout ⊙ g, dg = dout ⊙ z, db = Σ dz ⊙ v, dv = b ⊙ dz +
+Mᵀ dz, dh = the diagonal sums of Σ_batch dz vᵀ (one batched product per channel; M kept from the forward).""")
 
 
 def gated_toeplitz_conv(v: torch.Tensor, g: torch.Tensor, h: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -364,9 +363,7 @@ def hyena_operator(u: torch.Tensor, h: torch.Tensor, b: torch.Tensor, direct: bo
 def _operator_fold(K: int, in_dims: tuple, u, h, b, direct):
     """The vmap fold of ``hyena_operator``: K models in one call of K groups, model k's sequences reading its
     filters h[k] and biases b[k]."""
-    def front(t, d):
-        return t.movedim(d, 0) if d is not None else t.unsqueeze(0).expand(K, *t.shape)
-    u, h, b = (front(t, d) for t, d in zip((u, h, b), in_dims[:3]))
+    u, h, b = _models_first(K, in_dims, u, h, b)
     if not operator_runs(u):
         return torch.stack([hyena_operator_torch(u[k], h[k], b[k], direct) for k in range(K)]), 0
     return _HyenaOperator.apply(u, h, b, direct), 0
