@@ -155,11 +155,13 @@ def test_hyena_layer_with_and_without_it(switch, name, T_on, T_off, ran_off, def
             assert float((pa - pb).norm()) <= 1e-4 * float(pb.norm()) + 1e-6
 
 
-@pytest.mark.parametrize("L,name", [(272, "fftconv"), (96, "toeplitzconv")])
-def test_stacked_training_with_it_gives_each_run_s_numbers(fused, L, name):
+@pytest.mark.parametrize("op,L,name", [("steps", 272, "fftconv"), ("steps", 96, "toeplitzconv"),
+                                       ("fused", 272, "hyenaop"), ("fused", 96, "hyenaop")])
+def test_stacked_training_with_it_gives_each_run_s_numbers(fused, monkeypatch, op, L, name):
     """K = 2 runs of Hyena at length 272 (FFT path) or 96 (Toeplitz path) as one stacked model give the separate
     runs' numbers (tests/test_stacked.py's tolerances for Hyena), every run naming the Function among its
-    kernels."""
+    kernels: each step's Function (MIXZOO_HYENA_OP=steps), or the operator's (fused, the default)."""
+    monkeypatch.setenv("MIXZOO_HYENA_OP", op)
     from mixzoo.models import ModelConfig
     from mixzoo.tasks.mqar import MQAR
     from mixzoo.train import TrainConfig, train
@@ -297,21 +299,3 @@ def test_hyena_layer_with_the_operator(fused, monkeypatch, T):
     for (name, _), p, q in zip(m.named_parameters(), a[2], b[2]):
         assert torch.equal(p, q) if name != "bias" or T <= 256 else float((p - q).norm()) <= 1e-6 * float(p.norm())
 
-
-@pytest.mark.parametrize("L", [96, 272])
-def test_stacked_training_with_the_operator_gives_each_run_s_numbers(fused, monkeypatch, L):
-    monkeypatch.setenv("MIXZOO_HYENA_OP", "fused")
-    from mixzoo.models import ModelConfig
-    from mixzoo.tasks.mqar import MQAR
-    from mixzoo.train import TrainConfig, train
-    from mixzoo.train.stacked import train_stacked
-    task, mcfg = MQAR(V=32, L=L, kv=2), ModelConfig(d_model=16, num_heads=2)
-    base = dict(steps=4, batch_size=2, eval_every=2, n_train=8, n_val=4, n_test=4, eval_batch_size=4)
-    cfgs = [TrainConfig(lr=lr, **base) for lr in (3e-3, 1e-2)]
-    solo = [train(task, "hyena", {}, mcfg, c, seed=0, device="cpu") for c in cfgs]
-    stacked = train_stacked(task, "hyena", {}, mcfg, cfgs, (0, 0), device="cpu")
-    for r, q in zip(solo, stacked):
-        assert r.state == q.state == "COMPLETE" and "hyenaop" in r.kernels and "hyenaop" in q.kernels
-        for a, b in zip(r.history, q.history):
-            for k in ("train_loss", "loss"):
-                assert abs(a[k] - b[k]) <= 3e-4 * abs(a[k]), (k, a[k], b[k])

@@ -43,13 +43,19 @@ print("RESULT", json.dumps(out))
 """
 
 
-def _run(lam: float) -> dict:
-    code = SCRIPT.format(bench=str(ROOT / "benchmarks"), root=str(ROOT), lam=lam)
+def _result(script: str, timeout: int = 300, **fmt) -> dict:
+    """Run one of this file's scripts (formatted with the paths and ``fmt``) in a fresh interpreter process; its
+    ``RESULT`` line, parsed."""
+    code = script.format(bench=str(ROOT / "benchmarks"), root=str(ROOT), **fmt)
     env = {**os.environ, "TRITON_INTERPRET": "1"}
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout)
     assert p.returncode == 0, p.stderr[-3000:]
     line = [x for x in p.stdout.splitlines() if x.startswith("RESULT ")][-1]
     return json.loads(line[len("RESULT "):])
+
+
+def _run(lam: float) -> dict:
+    return _result(SCRIPT, lam=lam)
 
 
 @pytest.mark.parametrize("lam", [1.0, 30.0])     # precision levels 2 and 0
@@ -88,12 +94,7 @@ def test_captured_divergent_step():
     """The (sequence, head) of the H200 step whose gradients were 1e18 (T = 512, D = 64, λ = 1; most
     output-gradient rows between 1e-23 and 1e-14). Before the fix the interpreter gave dq 5e18, dk 3e18
     here, as the H200 did; float64 gives 6e-7."""
-    code = CAPTURED.format(bench=str(ROOT / "benchmarks"), root=str(ROOT),
-                           path=str(ROOT / "tests" / "data" / "lla-mqar512-step1047.pt"))
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
-    r = json.loads([x for x in p.stdout.splitlines() if x.startswith("RESULT ")][-1][len("RESULT "):])
+    r = _result(CAPTURED, path=str(ROOT / "tests" / "data" / "lla-mqar512-step1047.pt"))
     assert max(r["max"]) < 1e-5, r
     for name, err in zip(("dq", "dk", "dv"), r["rel"]):
         assert err < 2e-2, (name, err, r)
@@ -140,11 +141,7 @@ def test_stacked_layers_run_the_kernel_once_for_all_models():
     ridges, fixed or learned; each model's output and gradients are those of the layer run alone.
     On the H200 such a step failed ("Cannot access data pointer of Tensor that doesn't have
     storage": the ridge's data pointer read through vmap's wrapper) and stacked LLA fell back to eager."""
-    code = STACKED.format(bench=str(ROOT / "benchmarks"), root=str(ROOT))
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=300)
-    assert p.returncode == 0, p.stderr[-3000:]
-    r = json.loads([x for x in p.stdout.splitlines() if x.startswith("RESULT ")][-1][len("RESULT "):])
+    r = _result(STACKED)
     for learn, res in r.items():
         assert res["backend"] == "triton-direct", (learn, res)       # heads of 8 dims: the explicit solve
         assert len(res["errs"]) >= 6, res          # both outputs and the gradients of qkv, out (and the ridge)
@@ -211,11 +208,7 @@ def test_small_heads_solve_directly():
     (``c_from_forward``, the default) and its right-hand side h = Σ_VKᵀ g from the forward's moments (``h_from_forward``,
     the default; the forward is then one pass): the errors are those of summing C and h again in the backward, to
     rounding."""
-    code = DIRECT.format(bench=str(ROOT / "benchmarks"), root=str(ROOT))
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
-    r = json.loads([x for x in p.stdout.splitlines() if x.startswith("RESULT ")][-1][len("RESULT "):])
+    r = _result(DIRECT, timeout=600)
     print(json.dumps(r, indent=1))
     for case, res in r.items():
         assert res["its"]["direct"] == [0, 0] and min(res["its"]["cg"]) > 0, (case, res["its"])
@@ -294,11 +287,7 @@ def test_explicit_solve_capped_at_level_one():
     """``MIXZOO_LLA_DIRECT_PREC=capped``: the explicit solve (heads of 8) runs at precision level min(level, 1): level 1
     at λ 0.03 (3) and λ 1 (2), level 0 at λ 30; its errors against float64 within the GPU tests' tolerances and those
     of the level λ gives (benchmarks/lla_notes.md: equal to two digits over 48 cases)."""
-    code = CAPPED.format(bench=str(ROOT / "benchmarks"), root=str(ROOT))
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=600)
-    assert p.returncode == 0, p.stderr[-3000:]
-    r = json.loads([x for x in p.stdout.splitlines() if x.startswith("RESULT ")][-1][len("RESULT "):])
+    r = _result(CAPPED, timeout=600)
     print(json.dumps(r, indent=1))
     assert [r[f"{lam}-{how}"]["prec"] for lam in (0.03, 1.0, 30.0) for how in ("level", "capped")] == [3, 1, 2, 1, 0, 0]
     for lam in (0.03, 1.0, 30.0):

@@ -77,6 +77,23 @@ def test_mad_layer_against_float64_beside_the_composition(switch, name, B, T, mo
         assert e_f <= 1.5 * e_t + 1e-4, errs
 
 
+def _replayed(fn):
+    """fn's outputs (a list of tensors) from one replay of a CUDA graph that captured it, after two warm-up calls on
+    a side stream, and the graph (it owns the outputs' memory: keep it while they are read)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    return outs, graph
+
+
 def test_captured_in_a_cuda_graph():
     from mixzoo.kernels import fftconv as F
     g = torch.Generator(device="cuda").manual_seed(2)
@@ -92,17 +109,7 @@ def test_captured_in_a_cuda_graph():
         out = F._GatedFFTConv.apply(*(t[None] for t in ins))[0]
         return [out.detach(), *torch.autograd.grad(out, ins, do)]
     want = step()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = step()
-    graph.replay()
-    torch.cuda.synchronize()
+    outs, _graph = _replayed(step)
     for a, b_ in zip(outs, want):
         assert torch.equal(a, b_)
 
@@ -170,17 +177,7 @@ def test_the_operator_is_the_chained_steps_bit_for_bit(T, monkeypatch):
     assert all(torch.equal(a, w) for a, w in zip(got[:3], want[:3])), [float((a.float() - w.float()).abs().max())
                                                                        for a, w in zip(got, want)]
     assert torch.equal(got[3], want[3]) if direct else float((got[3] - want[3]).norm()) <= 1e-6 * float(want[3].norm())
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fused()
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = fused()
-    graph.replay()
-    torch.cuda.synchronize()
+    outs, _graph = _replayed(fused)
     assert all(torch.equal(a, w) for a, w in zip(outs, got))
 
 
