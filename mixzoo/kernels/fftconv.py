@@ -78,6 +78,24 @@ def _padded(like: torch.Tensor, shape: tuple, T: int, dtype: torch.dtype):
     return buf, buf[..., :T]
 
 
+def _channels_first() -> bool:
+    """Whether the operator works in the channels-first layout (``MIXZOO_HYENA_LAYOUT=channels``, the default): its
+    input transposed once into a contiguous (B, (N+1)C, T) copy, every product then along contiguous rows, the output
+    and the input's gradient transposed back at the end (``transposed``); ``strided``: the products read the gates
+    and write the output and the gradients through transposed views of the (B, T, (N+1)C) layout, as before."""
+    return os.environ.get("MIXZOO_HYENA_LAYOUT") != "strided"
+
+
+def transposed(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x (..., A, B) -> (..., B, A), contiguous, in ``dtype``: in tiles by ``fftconv_triton.transpose`` on a GPU (and in
+    Triton's interpreter), else ``copy_`` of the transposed view (the same values: a copy and a cast)."""
+    from ._check import interpreting
+    if x.is_cuda or interpreting():
+        from . import fftconv_triton
+        return fftconv_triton.transpose(x, dtype)
+    return torch.empty(*x.shape[:-2], x.shape[-1], x.shape[-2], dtype=dtype, device=x.device).copy_(x.transpose(-1, -2))
+
+
 def _conv_forward(vf: torch.Tensor, hf: torch.Tensor, direct: bool, padded: torch.Tensor | None = None):
     """The causal convolution of vf (G, B, C, T) with hf (G, C, T), both float32 (float64), and what its adjoint
     keeps: the spectra V (G, B, C, F) and H (G, 1, C, F) of FFTs of size ``fft_size(T)``, or with ``direct`` the
@@ -289,9 +307,10 @@ class _HyenaOperator(torch.autograd.Function):
         G, B, T, W = u.shape
         N, C = h.shape[1], h.shape[2]
         dt = _float(u)
-        ut = u.transpose(-1, -2)                                   # (G, B, W, T), a view
+        cf = _channels_first()
+        ut = transposed(u, u.dtype) if cf else u.transpose(-1, -2)     # (G, B, W, T): contiguous, or a view
         hf, bf = h.to(dt), b.to(dt)
-        out = u.new_empty(G, B, T, C)
+        out = None if cf else u.new_empty(G, B, T, C)
         # FFTs: each operand written into its zero-padded buffer (``_padded``); Toeplitz products: as the steps
         pad, pads = None, _pads_buffers(direct)
         if not pads:
@@ -306,31 +325,37 @@ class _HyenaOperator(torch.autograd.Function):
             kept += [v, z, *conv]
             g = ut[:, :, n * C:(n + 1) * C]
             if n == N - 1:
-                torch.mul(g, z, out=out.transpose(-1, -2))
+                if cf:                                             # written channels-first, then transposed
+                    out = transposed(torch.mul(g, z, out=u.new_empty(G, B, C, T)), u.dtype)
+                else:
+                    torch.mul(g, z, out=out.transpose(-1, -2))
             elif not pads:
                 v = g * z
             else:
                 pad, v = _padded(u, (G, B, C), T, dt)
                 torch.mul(g, z, out=v)
-        ctx.save_for_backward(u, b, *kept)
-        ctx.direct, ctx.N, ctx.h_dtype = direct, N, h.dtype
+        ctx.save_for_backward(ut if cf else u, b, *kept)
+        ctx.direct, ctx.N, ctx.h_dtype, ctx.cf = direct, N, h.dtype, cf
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        u, b, *kept = ctx.saved_tensors
-        N, direct = ctx.N, ctx.direct
+        u, b, *kept = ctx.saved_tensors                           # u: (G, B, W, T) channels-first with ctx.cf
+        N, direct, cf = ctx.N, ctx.direct, ctx.cf
         need_u, need_h, need_b = ctx.needs_input_grad[:3]
-        G, B, T, W = u.shape
+        ut = u if cf else u.transpose(-1, -2)
+        G, B, W, T = ut.shape
         C = W // (N + 1)
         dt = _float(u)
-        ut = u.transpose(-1, -2)
-        du = torch.empty_like(u, memory_format=torch.contiguous_format)
-        dut = du.transpose(-1, -2)                                 # the gates' and value's gradients land here
+        if cf:                                                     # the gradients land channels-first, transposed last
+            dut = torch.empty_like(ut)
+        else:
+            du = torch.empty_like(u, memory_format=torch.contiguous_format)
+            dut = du.transpose(-1, -2)                             # the gates' and value's gradients land here
         dh = u.new_empty(G, N, C, T, dtype=dt) if need_h else None
         db = u.new_empty(G, N, C, dtype=dt) if need_b else None
         per = len(kept) // N
-        d = dout.transpose(-1, -2).to(dt)
+        d = transposed(dout, dt) if cf else dout.transpose(-1, -2).to(dt)
         for n in reversed(range(N)):
             v, z, *conv = kept[n * per:(n + 1) * per]
             g = ut[:, :, n * C:(n + 1) * C]
@@ -348,6 +373,8 @@ class _HyenaOperator(torch.autograd.Function):
                 dh[:, n] = dhn
             d = torch.addcmul(dvc, dz, b[:, n].to(dt)[:, None, :, None])
         dut[:, :, N * C:].copy_(d)
+        if cf:
+            du = transposed(dut, dut.dtype)
         return (du if need_u else None, None if dh is None else dh.to(ctx.h_dtype),
                 None if db is None else db.to(b.dtype), None)
 

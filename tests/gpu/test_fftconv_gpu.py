@@ -146,14 +146,17 @@ def test_stacked_training_at_512_matches_separate_runs(mode, monkeypatch):
 
 
 
+@pytest.mark.parametrize("layout", ["channels", "strided"])
 @pytest.mark.parametrize("T", [128, 1024])
-def test_the_operator_is_the_chained_steps_bit_for_bit(T, monkeypatch):
+def test_the_operator_is_the_chained_steps_bit_for_bit(T, layout, monkeypatch):
     """Hyena's operator as one Function (MIXZOO_HYENA_OP=fused) against its steps chained (the step Functions, both
-    on), the mad layer's sizes under bf16 autocast's dtypes (u bf16): output and gradients equal bit for bit (at the
-    FFT length the biases' gradient within float32 reordering: tests/test_fftconv.py), eager and replayed from a
-    CUDA graph (bit for bit the eager call)."""
+    on), the mad layer's sizes under bf16 autocast's dtypes (u bf16), in either layout (MIXZOO_HYENA_LAYOUT; the
+    channels-first one through fftconv_triton's transposes): output and gradients equal bit for bit (the biases'
+    gradient within float32 reordering at the FFT length, and in the channels-first layout: tests/test_fftconv.py),
+    eager and replayed from a CUDA graph (bit for bit the eager call)."""
     from mixzoo.kernels import fftconv as F
-    for k, v in (("MIXZOO_HYENA_OP", "fused"), ("MIXZOO_HYENA_CONV", "fused"), ("MIXZOO_HYENA_TOEPLITZ", "fused")):
+    for k, v in (("MIXZOO_HYENA_OP", "fused"), ("MIXZOO_HYENA_CONV", "fused"), ("MIXZOO_HYENA_TOEPLITZ", "fused"),
+                 ("MIXZOO_HYENA_LAYOUT", layout)):
         monkeypatch.setenv(k, v)
     g = torch.Generator(device="cuda").manual_seed(T)
     B, C, N, direct = 8, 128, 2, T <= 256
@@ -176,7 +179,10 @@ def test_the_operator_is_the_chained_steps_bit_for_bit(T, monkeypatch):
     want, got = chained(), fused()
     assert all(torch.equal(a, w) for a, w in zip(got[:3], want[:3])), [float((a.float() - w.float()).abs().max())
                                                                        for a, w in zip(got, want)]
-    assert torch.equal(got[3], want[3]) if direct else float((got[3] - want[3]).norm()) <= 1e-6 * float(want[3].norm())
+    if direct and layout == "strided":
+        assert torch.equal(got[3], want[3])
+    else:
+        assert float((got[3] - want[3]).norm()) <= 1e-6 * float(want[3].norm())
     outs, _graph = _replayed(fused)
     assert all(torch.equal(a, w) for a, w in zip(outs, got))
 
