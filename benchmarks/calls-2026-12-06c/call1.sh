@@ -17,5 +17,5 @@ done
 go 60 env MIXZOO_LLA_DIRECT_PREC=capped K="tests/gpu/test_fftconv_gpu.py tests/gpu/test_throughput_gpu.py tests/gpu/test_mixers_gpu.py" \
   KEXPR="hyena or operator or fft" K2=tests/gpu/test_lla_kernel.py KEXPR2=direct T=$(( $(left) - 20 )) $Z gputests gputests2
 for f in logs/throughput-*.md; do echo "== $f"; cat $f; done
-tail -5 logs/gputests.log logs/gputests-2.log
+tail -n 5 logs/gputests.log logs/gputests-2.log
 echo "== end $(date +%T), left $(left)"

@@ -43,9 +43,9 @@ LLA_C = ("forward", "summed")
 # and its right-hand side h = Σ_VKᵀ g from moments the forward kept ("forward", its output then formed from them) or
 # summed again over the keys
 LLA_H = ("forward", "summed")
-# and its precision level: the one λ gives ("level", the default until timed on a GPU) or at most 1 ("capped": the
-# Triton interpreter with GPU numerics measured the same errors, benchmarks/lla_notes.md)
-LLA_DIRECT_PREC = ("level", "capped")
+# and its precision level: at most 1 ("capped", the default: 1.02-1.05x LLA's stacked+graphed step on an H100, 2026-12-06,
+# and the GPU tests' errors unchanged) or the one λ gives ("level")
+LLA_DIRECT_PREC = ("capped", "level")
 # the small-head attention's tiles (attn.default_tiles): by length, or the single set used before
 ATTN_TILES = ("by-length", "old")
 # the width gdn's, GLA's and MesaNet's narrower heads are padded to in memory before fla's calls (models._fla.fla_pad_width)

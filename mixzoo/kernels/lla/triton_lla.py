@@ -112,20 +112,24 @@ DIRECT_MAX_DIM = 8
 SOLVES = ("auto", "cg", "direct")
 
 
-# The explicit solve's precision level with ``MIXZOO_LLA_DIRECT_PREC=capped``: at most 1. Its C and right-hand sides are
+# The explicit solve's precision level (``MIXZOO_LLA_DIRECT_PREC=capped``, the default): at most 1. Its C and right-hand sides are
 # summed in the moment pass and eliminated in fp32 registers, so the level's CG parts (PREC >= 2: the direction p split,
 # the matvec's weights as hi + lo) do not occur, and its remaining parts (the moments' weights in three bf16 parts, PREC
 # >= 2, against two at 1) did not change any error: benchmarks/lla_small_ridge.py --D 4,8 --T 64,160,300 --qscale 1,4,
 # λ 0.01 and 0.03 at levels 3 / 1 and λ 0.1 to 2.9 at levels 2 / 1, o, dq, dk and dv against float64 equal to two
 # digits in every case (1.4e-3 to 3.5e-3); level 0 left dk, dv errors up to 5.6e-2 at λ 0.01 (benchmarks/lla_notes.md).
-# Off until timed on a GPU: fewer matmuls in the moment pass (three in place of five per moment).
+# Fewer matmuls in the moment pass (three in place of five per moment): side by side on an H100 (2026-12-06,
+# benchmarks/calls-2026-12-06c/), LLA's stacked+graphed training step (K = 6, MAD's baseline shape) capped against the
+# level λ gives (2 at the default ridge): 614.8 / 605.5 model-steps/s at length 128 (1.02x), 277.0 / 269.9 at 256
+# (1.03x), 110.6 / 106.5 at 512 (1.04x), 38.2 / 36.5 at 1024 (1.05x); tests/gpu/test_lla_kernel.py -k direct, 34 of 34
+# with the cap. ``MIXZOO_LLA_DIRECT_PREC=level`` runs the level λ gives.
 DIRECT_PREC_MAX = 1
 
 
 def direct_prec(prec: int) -> int:
-    """The precision level the explicit solve runs at for λ's level ``prec``: ``prec``, or with
-    ``MIXZOO_LLA_DIRECT_PREC=capped`` at most ``DIRECT_PREC_MAX``."""
-    return min(prec, DIRECT_PREC_MAX) if os.environ.get("MIXZOO_LLA_DIRECT_PREC") == "capped" else prec
+    """The precision level the explicit solve runs at for λ's level ``prec``: at most ``DIRECT_PREC_MAX`` (the default,
+    ``MIXZOO_LLA_DIRECT_PREC=capped``), or ``prec`` itself with ``MIXZOO_LLA_DIRECT_PREC=level``."""
+    return prec if os.environ.get("MIXZOO_LLA_DIRECT_PREC") == "level" else min(prec, DIRECT_PREC_MAX)
 
 
 def direct_dims(D: int, solve: str = "auto") -> int | None:
