@@ -285,8 +285,8 @@ print("RESULT", json.dumps(out))
 
 def test_explicit_solve_capped_at_level_one():
     """``MIXZOO_LLA_DIRECT_PREC=capped`` (the default): the explicit solve (heads of 8) runs at precision level
-    min(level, 1): level 1 at λ 0.03 (3) and λ 1 (2), level 0 at λ 30; its errors against float64 within the GPU tests' tolerances and those
-    of the level λ gives (benchmarks/lla_notes.md: equal to two digits over 48 cases)."""
+    min(level, 1): level 1 at λ 0.03 (3) and λ 1 (2), level 0 at λ 30; its errors against float64 within the GPU
+    tests' tolerances and those of the level λ gives (benchmarks/lla_notes.md: equal to two digits over 48 cases)."""
     r = _result(CAPPED, timeout=600)
     print(json.dumps(r, indent=1))
     assert [r[f"{lam}-{how}"]["prec"] for lam in (0.03, 1.0, 30.0) for how in ("level", "capped")] == [3, 1, 2, 1, 0, 0]
