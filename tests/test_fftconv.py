@@ -357,3 +357,28 @@ def test_transpose_kernel_and_the_channels_first_operator_in_the_interpreter():
         else:
             assert res["equal"] and res["contiguous"], (case, res)
     assert len(r) == 12
+
+
+@pytest.mark.parametrize("op", ["fused", "steps"])
+def test_the_ffts_scale_in_the_filters_is_bit_for_bit_the_output_scale(fused, monkeypatch, op):
+    """MIXZOO_HYENA_FFT_SCALE: the FFTs' 1/n in the filters' spectrum (the default) or on irfft's output; n is a power
+    of two, so the operator's (and the chained steps') output and every gradient are the same bit for bit."""
+    monkeypatch.setenv("MIXZOO_HYENA_OP", op)
+    gen = torch.Generator().manual_seed(7)
+    B, T, C, N = 3, 300, 4, 2
+    u, h, b = _op_inputs(B, T, C, N, gen, torch.bfloat16)
+    h, b = (x.detach().float() for x in (h, b))
+    do = torch.randn(B, T, C, generator=gen).to(torch.bfloat16)
+    res = {}
+    for scale in ("output", "filter"):
+        monkeypatch.setenv("MIXZOO_HYENA_FFT_SCALE", scale)
+        ins = [t.detach().clone().requires_grad_() for t in (u, h, b)]
+        if op == "fused":
+            y = F.hyena_operator(*ins, False)
+        else:
+            *gates, v = ins[0].transpose(1, 2).split(C, dim=1)
+            for n in range(N):
+                v = F.gated_fft_conv(v, gates[n], ins[1][n], ins[2][n])
+            y = v.transpose(1, 2).to(u.dtype)
+        res[scale] = [y, *torch.autograd.grad(y, ins, do)]
+    assert all(torch.equal(a, w) for a, w in zip(res["filter"], res["output"]))

@@ -75,6 +75,9 @@ HYENA_FFT_PAD = ("buffers", "rfft")
 # that Function's layout: its input transposed once into a contiguous channels-first copy, the output and the input's
 # gradient transposed back ("channels", the default) or the products through transposed views ("strided")
 HYENA_LAYOUT = ("channels", "strided")
+# its FFTs' 1/n: in the filters' spectrum ("filter", the default; exact, a power of two: the same numbers) or a pass over
+# each irfft's output ("output", torch's default)
+HYENA_FFT_SCALE = ("filter", "output")
 NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS, "MIXZOO_ATTN": ATTN_CHOICES, "MIXZOO_LLA_C": LLA_C,
                   "MIXZOO_LLA_H": LLA_H,
                   "MIXZOO_LLA_DIRECT_PREC": LLA_DIRECT_PREC, "MIXZOO_PARALLAX_TILES": PARALLAX_TILES, "MIXZOO_SSD_DOT": SSD_FORMS,
@@ -84,7 +87,7 @@ NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS, "MIXZOO_ATTN": ATTN_CHOICES, "MI
                   "MIXZOO_REC_TILES": REC_TILES, "MIXZOO_GLA_PROJ": GLA_PROJ, "MIXZOO_HYENA_CONV": HYENA_CONV,
                   "MIXZOO_HYENA_PATH": HYENA_PATH, "MIXZOO_HYENA_TOEPLITZ": HYENA_TOEPLITZ,
                   "MIXZOO_HYENA_OP": HYENA_OP, "MIXZOO_HYENA_FFT_PAD": HYENA_FFT_PAD,
-                  "MIXZOO_HYENA_LAYOUT": HYENA_LAYOUT,
+                  "MIXZOO_HYENA_LAYOUT": HYENA_LAYOUT, "MIXZOO_HYENA_FFT_SCALE": HYENA_FFT_SCALE,
                   **GLA_SWITCHES}
 
 

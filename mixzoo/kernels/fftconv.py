@@ -96,6 +96,16 @@ def transposed(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(*x.shape[:-2], x.shape[-1], x.shape[-2], dtype=dtype, device=x.device).copy_(x.transpose(-1, -2))
 
 
+def _fft_norm() -> str:
+    """Where the convolution's 1/n goes: into the filters' spectrum H, a (G, C, F) tensor (``"forward"``: rfft of h
+    scaled, irfft of the products not; ``MIXZOO_HYENA_FFT_SCALE=filter``, the default), or onto irfft's output, a
+    (G, B, C, n) tensor, by its own kernel (``"backward"``, torch's default; ``MIXZOO_HYENA_FFT_SCALE=output``). n is a
+    power of two, so the scaling is exact either way and the numbers are the same, bit for bit: it only moves from an
+    extra pass over each irfft's whole output (a ``mul`` of 8 per stacked step at length 1024, about 0.5 ms each on an
+    H100, benchmarks/calls-2026-12-06c/prof-hyena-mad1024) to the filters."""
+    return "backward" if os.environ.get("MIXZOO_HYENA_FFT_SCALE") == "output" else "forward"
+
+
 def _conv_forward(vf: torch.Tensor, hf: torch.Tensor, direct: bool, padded: torch.Tensor | None = None):
     """The causal convolution of vf (G, B, C, T) with hf (G, C, T), both float32 (float64), and what its adjoint
     keeps: the spectra V (G, B, C, F) and H (G, 1, C, F) of FFTs of size ``fft_size(T)``, or with ``direct`` the
@@ -106,14 +116,14 @@ def _conv_forward(vf: torch.Tensor, hf: torch.Tensor, direct: bool, padded: torc
         M = toeplitz(hf)
         with torch.autocast(vf.device.type, enabled=False):
             return torch.einsum("gcts,gbcs->gbct", M, vf), (M,)
-    n = fft_size(T)
+    n, norm = fft_size(T), _fft_norm()
     V = torch.fft.rfft(vf, n=n) if padded is None else torch.fft.rfft(padded)
-    H = torch.fft.rfft(hf, n=n).unsqueeze(1)
-    return torch.fft.irfft(V * H, n=n)[..., :T], (V, H)
+    H = torch.fft.rfft(hf, n=n, norm=norm).unsqueeze(1)        # "forward": H/n, and the irfft below unscaled
+    return torch.fft.irfft(V * H, n=n, norm=norm)[..., :T], (V, H)
 
 
 def _conv_backward(dz: torch.Tensor, vf: torch.Tensor, kept: tuple, direct: bool, need_v: bool, need_h: bool,
-                   padded: torch.Tensor | None = None):
+                   padded: torch.Tensor | None = None, norm: str = "backward"):
     """The convolution's adjoint at dz (G, B, C, T): (its value gradient, its filter gradient), either None where
     not needed; ``padded`` as for ``_conv_forward``. FFTs: dv = irfft(rfft(dz) · conj(H))[:T] (a correlation), dh =
     irfft(Σ_batch conj(V) rfft(dz))[:T]; each FFT of dz taken once. Toeplitz: dv = Mᵀ dz, dh the diagonal sums of
@@ -128,7 +138,8 @@ def _conv_backward(dz: torch.Tensor, vf: torch.Tensor, kept: tuple, direct: bool
     T = dz.shape[-1]
     n = fft_size(T)
     DZ = torch.fft.rfft(dz, n=n) if padded is None else torch.fft.rfft(padded)
-    dv = torch.fft.irfft(DZ * H.conj(), n=n)[..., :T] if need_v else None
+    # H carries the forward's 1/n where _fft_norm() put it there (then it is H/n, kept as such)
+    dv = torch.fft.irfft(DZ * H.conj(), n=n, norm=norm)[..., :T] if need_v else None
     dh = torch.fft.irfft(torch.linalg.vecdot(V, DZ, dim=1), n=n)[..., :T] if need_h else None   # Σ_batch conj(V) DZ
     return dv, dh
 
@@ -137,6 +148,7 @@ def _step_forward(ctx, v, g, h, b, direct: bool):
     """One gated step g ⊙ (h ∗ v + b ⊙ v) of either Function: v, g (G, B, C, T), h (G, C, T), b (G, C)."""
     dt = _float(v)
     vf = v.to(dt)
+    ctx.norm = _fft_norm()
     y, kept = _conv_forward(vf, h.to(dt), direct)
     z = torch.addcmul(y, vf, b.to(dt)[:, None, :, None])
     ctx.save_for_backward(vf, g, z, b, *kept)
@@ -152,7 +164,7 @@ def _step_backward(ctx, dout, direct: bool):
     dz = dout * g
     dg = (dout * z).to(g.dtype) if need_g else None
     db = (dz * vf).sum((1, 3)).to(b.dtype) if need_b else None
-    dvc, dh = _conv_backward(dz, vf, kept, direct, need_v, need_h)
+    dvc, dh = _conv_backward(dz, vf, kept, direct, need_v, need_h, norm=ctx.norm)
     dv = torch.addcmul(dvc, dz, b.to(dz.dtype)[:, None, :, None]).to(v_dtype) if need_v else None
     return dv, dg, None if dh is None else dh.to(h_dtype), db
 
@@ -307,7 +319,7 @@ class _HyenaOperator(torch.autograd.Function):
         G, B, T, W = u.shape
         N, C = h.shape[1], h.shape[2]
         dt = _float(u)
-        cf = _channels_first()
+        cf, ctx.norm = _channels_first(), _fft_norm()
         ut = transposed(u, u.dtype) if cf else u.transpose(-1, -2)     # (G, B, W, T): contiguous, or a view
         hf, bf = h.to(dt), b.to(dt)
         out = None if cf else u.new_empty(G, B, T, C)
@@ -368,7 +380,7 @@ class _HyenaOperator(torch.autograd.Function):
             torch.mul(d, z, out=dut[:, :, n * C:(n + 1) * C])     # the gate's gradient, in u's dtype
             if need_b:
                 db[:, n] = (dz * v).sum((1, 3))
-            dvc, dhn = _conv_backward(dz, v, conv, direct, True, need_h, pad)
+            dvc, dhn = _conv_backward(dz, v, conv, direct, True, need_h, pad, ctx.norm)
             if need_h:
                 dh[:, n] = dhn
             d = torch.addcmul(dvc, dz, b[:, n].to(dt)[:, None, :, None])
