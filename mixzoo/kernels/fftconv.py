@@ -102,21 +102,24 @@ def _fft_norm() -> str:
     (G, B, C, n) tensor, by its own kernel (``"backward"``, torch's default; ``MIXZOO_HYENA_FFT_SCALE=output``). n is a
     power of two, so the scaling is exact either way and the numbers are the same, bit for bit: it only moves from an
     extra pass over each irfft's whole output (a ``mul`` of 8 per stacked step at length 1024, about 0.5 ms each on an
-    H100, benchmarks/calls-2026-12-06c/prof-hyena-mad1024) to the filters."""
+    H100, benchmarks/calls-2026-12-06c/profile-hyena-mad1024-c1825a2.md) to the filters. Read once a forward (``ctx.norm``)
+    and passed to ``_conv_forward`` and ``_conv_backward``, so the two always agree."""
     return "backward" if os.environ.get("MIXZOO_HYENA_FFT_SCALE") == "output" else "forward"
 
 
-def _conv_forward(vf: torch.Tensor, hf: torch.Tensor, direct: bool, padded: torch.Tensor | None = None):
+def _conv_forward(vf: torch.Tensor, hf: torch.Tensor, direct: bool, padded: torch.Tensor | None = None,
+                  norm: str = "backward"):
     """The causal convolution of vf (G, B, C, T) with hf (G, C, T), both float32 (float64), and what its adjoint
     keeps: the spectra V (G, B, C, F) and H (G, 1, C, F) of FFTs of size ``fft_size(T)``, or with ``direct`` the
     Toeplitz matrices M (G, C, T, T) (float32 products, autocast off, as the FFTs). ``padded``: vf's buffer from
-    ``_padded`` (vf its view), transformed as it is."""
+    ``_padded`` (vf its view), transformed as it is. ``norm``: torch's FFT norm of h's rfft and of the products' irfft
+    (``_fft_norm``: "forward" puts the 1/n into H); ``_conv_backward`` takes the same."""
     T = vf.shape[-1]
     if direct:
         M = toeplitz(hf)
         with torch.autocast(vf.device.type, enabled=False):
             return torch.einsum("gcts,gbcs->gbct", M, vf), (M,)
-    n, norm = fft_size(T), _fft_norm()
+    n = fft_size(T)
     V = torch.fft.rfft(vf, n=n) if padded is None else torch.fft.rfft(padded)
     H = torch.fft.rfft(hf, n=n, norm=norm).unsqueeze(1)        # "forward": H/n, and the irfft below unscaled
     return torch.fft.irfft(V * H, n=n, norm=norm)[..., :T], (V, H)
@@ -138,7 +141,7 @@ def _conv_backward(dz: torch.Tensor, vf: torch.Tensor, kept: tuple, direct: bool
     T = dz.shape[-1]
     n = fft_size(T)
     DZ = torch.fft.rfft(dz, n=n) if padded is None else torch.fft.rfft(padded)
-    # H carries the forward's 1/n where _fft_norm() put it there (then it is H/n, kept as such)
+    # H carries the forward's 1/n with the forward's norm "forward" (``_fft_norm``; then it is H/n, kept as such)
     dv = torch.fft.irfft(DZ * H.conj(), n=n, norm=norm)[..., :T] if need_v else None
     dh = torch.fft.irfft(torch.linalg.vecdot(V, DZ, dim=1), n=n)[..., :T] if need_h else None   # Σ_batch conj(V) DZ
     return dv, dh
@@ -149,7 +152,7 @@ def _step_forward(ctx, v, g, h, b, direct: bool):
     dt = _float(v)
     vf = v.to(dt)
     ctx.norm = _fft_norm()
-    y, kept = _conv_forward(vf, h.to(dt), direct)
+    y, kept = _conv_forward(vf, h.to(dt), direct, norm=ctx.norm)
     z = torch.addcmul(y, vf, b.to(dt)[:, None, :, None])
     ctx.save_for_backward(vf, g, z, b, *kept)
     ctx.dtypes = v.dtype, h.dtype
@@ -332,7 +335,7 @@ class _HyenaOperator(torch.autograd.Function):
             v.copy_(ut[:, :, N * C:])
         kept = []
         for n in range(N):
-            y, conv = _conv_forward(v, hf[:, n], direct, pad)
+            y, conv = _conv_forward(v, hf[:, n], direct, pad, ctx.norm)
             z = torch.addcmul(y, v, bf[:, n, None, :, None])
             kept += [v, z, *conv]
             g = ut[:, :, n * C:(n + 1) * C]
