@@ -48,7 +48,8 @@ LLA_H = ("forward", "summed")
 LLA_DIRECT_PREC = ("capped", "level")
 # the small-head attention's tiles (attn.default_tiles): by length, or the single set used before
 ATTN_TILES = ("by-length", "old")
-# the width gdn's, GLA's and MesaNet's narrower heads are padded to in memory before fla's calls (models._fla.fla_pad_width)
+# the width gdn's, GLA's, MesaNet's and Parallax's narrower heads are padded to in memory before fla's kernels
+# (models._fla.fla_pad_width; unset, each mechanism's default: MesaNet's and Parallax's none, the others' 16)
 FLA_PAD = ("16", "none")
 # gdn's and GLA's heads of at most 16 on a GPU: mixzoo's recurrent scans (recurrent) or fla's chunk kernels; the first
 # is the default

@@ -10,9 +10,12 @@ larger side divides by the smaller (their loops split the causal prefix by block
 timed by ``benchmarks/parallax_tiles.py``.
 
 ``parallax(q, r, k, v, scale)`` takes fla's layout ((B, T, H, D), contiguous, bf16/fp16, equal query and key heads)
-and returns o as fla's ``parallel_parallax`` does, with fla's forward state and backward. ``runs_on`` says whether
-the ``parallax`` mechanism takes it: the switch ``MIXZOO_PARALLAX_TILES`` at ``mixzoo``, the default (``fla`` keeps
-fla's launcher), fla present, a CUDA device (or Triton's interpreter), not under
+and returns o as fla's ``parallel_parallax`` does, with fla's forward state and backward. Heads narrower than 16 are
+taken as they are: the kernels load a head of width D into a block of ``block_k(D)`` >= 16 columns with masked loads
+and stores (zeros in registers, where fla's own launcher, whose block is D wide, needs them padded in memory: its
+``tl.dot`` refuses an inner dimension below 16), so the numbers are those of the zero-padded call, bit for bit.
+``runs_on`` says whether the ``parallax`` mechanism takes it: the switch ``MIXZOO_PARALLAX_TILES`` at ``mixzoo``, the
+default (``fla`` keeps fla's launcher), fla present, a CUDA device (or Triton's interpreter), not under
 ``torch.compile``. Imports nothing of mixzoo.
 """
 from __future__ import annotations
@@ -35,6 +38,12 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def block_k(K: int) -> int:
+    """The kernels' block of head columns for heads of K: the next power of two, at least 16 (``tl.dot``'s least)."""
+    import triton
+    return max(16, triton.next_power_of_2(K))
+
+
 def _check_tiles(t: dict) -> dict:
     for name, (a, b, _, _) in t.items():
         if max(a, b) % min(a, b):
@@ -44,7 +53,6 @@ def _check_tiles(t: dict) -> dict:
 
 def forward(q, r, k, v, scale: float, tiles: dict | None = None):
     """fla's ``parallel_parallax_fwd`` for fixed-length inputs, no window, at ``tiles``: (o, barv, d1, bart, m)."""
-    import triton
     from fla.ops.parallax import parallel as P
     t = _check_tiles(dict(TILES, **(tiles or {})))
     B, T, H, K = q.shape
@@ -53,17 +61,16 @@ def forward(q, r, k, v, scale: float, tiles: dict | None = None):
     BT, BS, w, st = t["fwd"]
     P.parallel_parallax_fwd_kernel[(_cdiv(T, BT), B * H)](
         q, r, k, v, o, barv, d1, bart, m, scale, None, None, T, HQ=H, H=H, G=1, K=K,
-        BK=triton.next_power_of_2(K), WINDOW_SIZE_LEFT=-1, BT=BT, BS=BS, num_warps=w, num_stages=st)
+        BK=block_k(K), WINDOW_SIZE_LEFT=-1, BT=BT, BS=BS, num_warps=w, num_stages=st)
     return o, barv, d1, bart, m
 
 
 def backward(q, r, k, v, o, barv, d1, bart, m, do, scale: float, tiles: dict | None = None):
     """fla's ``parallel_parallax_bwd`` for fixed-length inputs, no window, at ``tiles``: (dq, dr, dk, dv)."""
-    import triton
     from fla.ops.parallax import parallel as P
     t = _check_tiles(dict(TILES, **(tiles or {})))
     B, T, H, K = q.shape
-    BK = triton.next_power_of_2(K)
+    BK = block_k(K)
     dq, dr, dk, dv = (torch.empty_like(x) for x in (q, r, k, v))
     delta_t, delta_b = (torch.empty(B, T, H, device=q.device, dtype=torch.float32) for _ in range(2))
     P.parallel_parallax_bwd_kernel_preprocess[(_cdiv(T, 128), B * H)](
@@ -98,7 +105,8 @@ class _Parallax(torch.autograd.Function):
 def parallax(q: torch.Tensor, r: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | None = None,
              tiles: dict | None = None) -> torch.Tensor:
     """Causal Parallax as fla's ``parallel_parallax`` computes it ((B, T, H, D) inputs, r not scaled, ``scale`` on
-    q.k, default 1/sqrt(D)), by fla's kernels at ``TILES`` (entries overridden by ``tiles``)."""
+    q.k, default 1/sqrt(D)), by fla's kernels at ``TILES`` (entries overridden by ``tiles``); any head width D (narrower
+    than 16: in blocks of 16, masked, as the zero-padded call)."""
     if not (q.shape == r.shape == k.shape == v.shape) or q.dim() != 4:
         raise ValueError(f"parallax: q, r, k, v of shapes {tuple(q.shape)}, {tuple(r.shape)}, {tuple(k.shape)}, "
                          f"{tuple(v.shape)}; equal (B, T, H, D) shapes are supported")

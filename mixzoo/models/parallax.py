@@ -11,7 +11,8 @@ the correction-to-output ratio, the stable rank of W_R and the gate (``diagnosti
 
 Paths: ``fla-parallel`` (fla's Triton ``parallel_parallax``, GPU, bf16/fp16 inputs only),
 ``fla-parallel+tiles`` (the same kernels launched at mixzoo's tiles, ``mixzoo.kernels.parallax_tiles``; the
-default, ``MIXZOO_PARALLAX_TILES=fla`` for fla's launcher) and ``torch`` (the exact O(T²) form above, any device and dtype).
+default, ``MIXZOO_PARALLAX_TILES=fla`` for fla's launcher; heads narrower than 16 go to it unpadded,
+``+unpadded``, unless ``MIXZOO_FLA_PAD=16``) and ``torch`` (the exact O(T²) form above, any device and dtype).
 """
 from __future__ import annotations
 
@@ -119,10 +120,13 @@ class Parallax(nn.Module):
             self.backend = "fla-parallel"
             D = v.shape[-1]
             tt = lambda t: t.transpose(1, 2)
-            q, r, k, v = _fla.pad_heads(tt(q), tt(r), tt(k), tt(v))
+            width = _fla.MIN_DOT
             if _tiles.runs_on(q):                  # fla's kernels at mixzoo's tiles (folded when stacking)
-                self.backend = "fla-parallel+tiles"
+                # which take narrow heads unpadded (masked in registers; MIXZOO_FLA_PAD=16 pads them in memory)
+                width = _fla.fla_pad_width("none")
+                self.backend = "fla-parallel+tiles" + _fla.unpadded_suffix(D, "none")
                 fast = _fla._op("mixzoo.kernels.parallax_tiles", "parallax")
+            q, r, k, v = _fla.pad_heads(tt(q), tt(r), tt(k), tt(v), width=width)
             o = fast(q, r, k, v, scale=D ** -0.5)[..., :D].transpose(1, 2)
         else:
             self.backend = "torch"

@@ -76,3 +76,49 @@ def test_parallax_layer_with_the_tiles(monkeypatch):
     errs = [_rel(a, b) for a, b in zip([res["mixzoo"][1]] + res["mixzoo"][2], [res["fla"][1]] + res["fla"][2])]
     print(f"\nparallax layer, mixzoo's tiles against fla's: output {errs[0]:.2e}, gradients max {max(errs[1:]):.2e}")
     assert max(errs) < 1e-2, errs
+
+
+@pytest.mark.parametrize("B,T", [(768, 1024), (128, 128)])
+def test_unpadded_heads_bit_for_bit_the_padded_call(B, T):
+    """Heads of 8 handed to the kernels as they are (blocks of 16, masked) against zero-padded to 16 in memory:
+    the output and the four input gradients equal bit for bit; the two timed side by side, padding included."""
+    import triton.testing
+
+    from mixzoo.kernels import parallax_tiles as X
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q, r, k, v, do = (torch.randn(B, T, 16, 8, device="cuda", generator=g).bfloat16() for _ in range(5))
+    s = 8 ** -0.5
+    pad = lambda x: torch.nn.functional.pad(x, (0, 8))                    # noqa: E731
+
+    def run(padded: bool):
+        xs = [x.clone().requires_grad_() for x in (q, r, k, v)]
+        o = X.parallax(*(pad(x) for x in xs), scale=s)[..., :8] if padded else X.parallax(*xs, scale=s)
+        return [o] + list(torch.autograd.grad(o, xs, do))
+    a, b = run(False), run(True)
+    for name, x, y in zip(("o", "dq", "dr", "dk", "dv"), a, b):
+        assert x.shape == y.shape == q.shape and torch.equal(x, y), name
+    t_un = triton.testing.do_bench(lambda: run(False), warmup=10, rep=60, return_mode="median")
+    t_pad = triton.testing.do_bench(lambda: run(True), warmup=10, rep=60, return_mode="median")
+    print(f"\nparallax B={B} T={T}, forward+backward: unpadded {t_un:.3f} ms, padded {t_pad:.3f} ms "
+          f"({t_pad / t_un:.2f}x)")
+
+
+def test_parallax_layer_unpadded_equals_padded(monkeypatch):
+    from mixzoo.registry import build_mixer, get_mixer, load_builtins
+    load_builtins()
+    monkeypatch.setenv("MIXZOO_PARALLAX_TILES", "mixzoo")
+    torch.manual_seed(0)
+    m = build_mixer(get_mixer("parallax"), 128, num_heads=16, layer_idx=0, l_max=512).cuda()
+    x = torch.randn(8, 512, 128, device="cuda")
+    res = {}
+    for pad in ("none", "16"):
+        monkeypatch.setenv("MIXZOO_FLA_PAD", pad)
+        m.zero_grad()
+        xi = x.clone().requires_grad_()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = m(xi)
+        y.float().square().mean().backward()
+        res[pad] = (m.backend, [y.detach(), xi.grad] + [p.grad.clone() for p in m.parameters() if p.grad is not None])
+    assert (res["none"][0], res["16"][0]) == ("fla-parallel+tiles+unpadded", "fla-parallel+tiles")
+    assert len(res["none"][1]) == len(res["16"][1]) > 3
+    assert all(torch.equal(a, b) for a, b in zip(res["none"][1], res["16"][1]))
