@@ -127,7 +127,10 @@ class Parallax(nn.Module):
                 self.backend = "fla-parallel+tiles" + _fla.unpadded_suffix(D, "none")
                 fast = _fla._op("mixzoo.kernels.parallax_tiles", "parallax")
             q, r, k, v = _fla.pad_heads(tt(q), tt(r), tt(k), tt(v), width=width)
-            o = fast(q, r, k, v, scale=D ** -0.5)[..., :D].transpose(1, 2)
+            o = fast(q, r, k, v, scale=D ** -0.5)
+            if o.shape[-1] != D:                   # padded: the zero columns dropped (unpadded, no slice's backward)
+                o = o[..., :D]
+            o = o.transpose(1, 2)
         else:
             self.backend = "torch"
             o = parallax_reference(q, r, k, v)
