@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..kernels import parallax_prologue as _prologue
 from ..kernels import parallax_tiles as _tiles
 from ..registry import register_mixer
 from . import _fla
@@ -80,9 +81,19 @@ class Parallax(nn.Module):
         return fn
 
     def _qkvr(self, x: torch.Tensor):
-        """q, k, v, r as (B, H, T, D), and the gate (B, H, T) or None."""
-        q, k, v = (split_heads(t, self.h) for t in self.qkv(x).chunk(3, dim=-1))
-        r = split_heads(self.r_proj(x), self.h)
+        """q, k, v, r as (B, H, T, D), and the gate (B, H, T) or None. Without the gate, where its kernels run, by
+        ``mixzoo.kernels.parallax_prologue`` (one pass each way; q, k, v, r then views of contiguous (B, T, H, D),
+        the layout fla's kernels take)."""
+        qkv, rr = self.qkv(x), self.r_proj(x)
+        if self.gate is None and (self.r_norm is None or self.r_norm.weight is not None) and _prologue.runs_on(qkv, self.h):
+            w = None if self.r_norm is None else self.r_norm.weight
+            eps = 0.0 if self.r_norm is None else self.r_norm.eps
+            outs = _fla._op("mixzoo.kernels.parallax_prologue", "prologue")(            # folded when stacking
+                qkv, rr, w, self.h, eps, self.use_rope, self.use_rope and self.rope_r)
+            q, k, v, r = (t.transpose(1, 2) for t in outs)
+            return q, k, v, r, None
+        q, k, v = (split_heads(t, self.h) for t in qkv.chunk(3, dim=-1))
+        r = split_heads(rr, self.h)
         if self.r_norm is not None:
             r = self.r_norm(r)
         if self.use_rope:
