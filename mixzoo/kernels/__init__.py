@@ -22,6 +22,9 @@ ATTN_CHOICES = ("triton", "sdpa")
 # Parallax: fla's kernels at mixzoo's tiles (parallax_tiles) or at fla's; the first is the default (after the H200:
 # benchmarks/h200-2026-12-03e)
 PARALLAX_TILES = ("mixzoo", "fla")
+# Parallax's prologue (parallax_prologue): one Triton kernel each way ("fused", the default) or the layer's separate
+# rotation and norm kernels, cast and copies ("torch")
+PARALLAX_PROLOGUE = ("fused", "torch")
 # Mamba-2's scan at value heads narrower than fla's 64, on a GPU: mamba-ssm's Triton SSD (mamba_chunk_scan_combined)
 # where installed and matched on the device, or mixzoo's chunked form (torch-chunk); the first is the default
 MAMBA_SSD = ("mamba-ssm", "torch-chunk")
@@ -81,7 +84,8 @@ HYENA_LAYOUT = ("channels", "strided")
 HYENA_FFT_SCALE = ("filter", "output")
 NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS, "MIXZOO_ATTN": ATTN_CHOICES, "MIXZOO_LLA_C": LLA_C,
                   "MIXZOO_LLA_H": LLA_H,
-                  "MIXZOO_LLA_DIRECT_PREC": LLA_DIRECT_PREC, "MIXZOO_PARALLAX_TILES": PARALLAX_TILES, "MIXZOO_SSD_DOT": SSD_FORMS,
+                  "MIXZOO_LLA_DIRECT_PREC": LLA_DIRECT_PREC, "MIXZOO_PARALLAX_TILES": PARALLAX_TILES,
+                  "MIXZOO_PARALLAX_PROLOGUE": PARALLAX_PROLOGUE, "MIXZOO_SSD_DOT": SSD_FORMS,
                   "MIXZOO_MAMBA_SSD": MAMBA_SSD, "MIXZOO_MAMBA_SSD_FOLD": MAMBA_SSD_FOLD, "MIXZOO_MESA_FOLD": MESA_FOLD,
                   "MIXZOO_CONV_FOLD": CONV_FOLDS, "MIXZOO_CONV_BWD": CONV_BWD, "MIXZOO_CONV_FWD": CONV_FWD,
                   "MIXZOO_ATTN_TILES": ATTN_TILES, "MIXZOO_FLA_PAD": FLA_PAD, "MIXZOO_GDN": REC_CORE, "MIXZOO_GLA_CORE": REC_CORE,

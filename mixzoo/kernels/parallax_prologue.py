@@ -24,7 +24,7 @@ import os
 
 import torch
 
-from . import enabled
+from . import PARALLAX_PROLOGUE, enabled
 from ._check import DeviceCheck, interpreting, matches
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -50,7 +50,7 @@ def prologue_torch(qkv: torch.Tensor, rr: torch.Tensor, w: torch.Tensor | None, 
 
 
 def switch() -> str:
-    return os.environ.get("MIXZOO_PARALLAX_PROLOGUE") or "fused"
+    return os.environ.get("MIXZOO_PARALLAX_PROLOGUE") or PARALLAX_PROLOGUE[0]
 
 
 def runs_on(qkv: torch.Tensor, H: int) -> bool:
