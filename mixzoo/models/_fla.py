@@ -76,7 +76,9 @@ def fla_pad_width(default: str = "16") -> int:
     max(16, next power of two of K) with masked loads, i.e. they pad in registers, and padding in memory costs
     copies both ways. MesaNet's default for heads narrower than 16 is ``none``: at the mad recipe's heads of 8
     its layer gave the padded call's output and gradients bit for bit in 0.90x its forward+backward time on an
-    H100 (2026-12-06, benchmarks/fla_unpadded.py; benchmarks/h100-2026-12-06/). gdn's and GLA's fla paths (not
+    H100 (2026-12-06, benchmarks/fla_unpadded.py; benchmarks/h100-2026-12-06/). Parallax's, on mixzoo's launch of
+    fla's kernels (``mixzoo.kernels.parallax_tiles``, which sets their block of head columns to at least 16), is
+    ``none`` too; fla's own launcher sets that block to the head's width and needs 16. gdn's and GLA's fla paths (not
     their default at heads of 8, which is mixzoo's recurrent scan) keep ``16`` until they are measured so. A
     row's backend ends in ``+unpadded`` where a head goes unpadded."""
     return 0 if (os.environ.get("MIXZOO_FLA_PAD") or default) == "none" else MIN_DOT
