@@ -54,7 +54,7 @@ for env in ("fused", "torch"):
     layer[env] = [y.detach(), x.grad] + [p.grad for p in m.parameters() if p.grad is not None]
 out["layer"] = dict(ran=[layer["fused ran"], layer["torch ran"]], n=len(layer["fused"]),
                     err=max(rel(a, b.double()) for a, b in zip(layer["fused"], layer["torch"])))
-os.environ.pop("MIXZOO_PARALLAX_PROLOGUE")
+os.environ["MIXZOO_PARALLAX_PROLOGUE"] = "fused"
 # folded under vmap: K = 3 models (their own norm weights), one kernel call
 from torch.func import vmap
 from mixzoo.models import _fla

@@ -41,6 +41,11 @@ def parallax_reference(q, r, k, v, *, scale=None):
         return ((a * (1.0 + tbar - s2)) @ v).to(dt)
 
 
+# the width Parallax's narrower heads are padded to on mixzoo's launch unless MIXZOO_FLA_PAD says: "16" until the
+# unpadded launch (bit for bit the padded one on the CPU's plumbing tests) has run and been timed on a GPU, then "none"
+PARALLAX_PAD = "16"
+
+
 @register_mixer("parallax", search_space={
     "lr": ("log", 1e-4, 3e-2),
     "weight_decay": ("cat", [0.0, 0.1]),
@@ -133,9 +138,9 @@ class Parallax(nn.Module):
             tt = lambda t: t.transpose(1, 2)
             width = _fla.MIN_DOT
             if _tiles.runs_on(q):                  # fla's kernels at mixzoo's tiles (folded when stacking)
-                # which take narrow heads unpadded (masked in registers; MIXZOO_FLA_PAD=16 pads them in memory)
-                width = _fla.fla_pad_width("none")
-                self.backend = "fla-parallel+tiles" + _fla.unpadded_suffix(D, "none")
+                # which can take narrow heads unpadded (masked in registers; MIXZOO_FLA_PAD=none, PARALLAX_PAD)
+                width = _fla.fla_pad_width(PARALLAX_PAD)
+                self.backend = "fla-parallel+tiles" + _fla.unpadded_suffix(D, PARALLAX_PAD)
                 fast = _fla._op("mixzoo.kernels.parallax_tiles", "parallax")
             q, r, k, v = _fla.pad_heads(tt(q), tt(r), tt(k), tt(v), width=width)
             o = fast(q, r, k, v, scale=D ** -0.5)

@@ -42,6 +42,7 @@ def test_prologue_against_float64_and_the_composition(B, T, rope_r, monkeypatch)
 
 def test_parallax_layer_with_the_prologue(monkeypatch):
     from mixzoo import kernels
+    monkeypatch.setenv("MIXZOO_FLA_PAD", "none")
     from mixzoo.registry import build_mixer, get_mixer, load_builtins
     load_builtins()
     torch.manual_seed(0)
