@@ -38,7 +38,7 @@ def test_block_of_head_columns():
 @pytest.mark.parametrize("env,tiles,width,backend", [
     ("none", True, 8, "fla-parallel+tiles+unpadded"),     # MIXZOO_FLA_PAD=none: heads of 8 handed over as they are
     ("16", True, 16, "fla-parallel+tiles"),               # MIXZOO_FLA_PAD=16: padded in memory
-    (None, True, 16, "fla-parallel+tiles"),               # the default until the GPU has run it (PARALLAX_PAD)
+    (None, True, 8, "fla-parallel+tiles+unpadded"),       # the default (PARALLAX_PAD)
     ("none", False, 16, "fla-parallel"),                  # fla's own launcher needs 16 whatever the switch says
 ])
 def test_the_layer_hands_the_kernels_unpadded_heads(monkeypatch, env, tiles, width, backend):

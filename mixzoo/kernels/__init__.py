@@ -22,9 +22,10 @@ ATTN_CHOICES = ("triton", "sdpa")
 # Parallax: fla's kernels at mixzoo's tiles (parallax_tiles) or at fla's; the first is the default (after the H200:
 # benchmarks/h200-2026-12-03e)
 PARALLAX_TILES = ("mixzoo", "fla")
-# Parallax's prologue (parallax_prologue): the layer's separate rotation and norm kernels, cast and copies ("torch", the
-# default until the kernels are run and timed on a GPU) or one Triton kernel each way ("fused")
-PARALLAX_PROLOGUE = ("torch", "fused")
+# Parallax's prologue (parallax_prologue): one Triton kernel each way ("fused", the default: with the unpadded launch,
+# Parallax's stacked+graphed K = 6 step 1.16-1.26x on an H100, 2026-12-06, benchmarks/calls-2026-12-06d) or the layer's
+# separate rotation and norm kernels, cast and copies ("torch")
+PARALLAX_PROLOGUE = ("fused", "torch")
 # Mamba-2's scan at value heads narrower than fla's 64, on a GPU: mamba-ssm's Triton SSD (mamba_chunk_scan_combined)
 # where installed and matched on the device, or mixzoo's chunked form (torch-chunk); the first is the default
 MAMBA_SSD = ("mamba-ssm", "torch-chunk")

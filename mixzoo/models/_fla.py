@@ -78,7 +78,7 @@ def fla_pad_width(default: str = "16") -> int:
     its layer gave the padded call's output and gradients bit for bit in 0.90x its forward+backward time on an
     H100 (2026-12-06, benchmarks/fla_unpadded.py; benchmarks/h100-2026-12-06/). Parallax's, on mixzoo's launch of
     fla's kernels (``mixzoo.kernels.parallax_tiles``, which sets their block of head columns to at least 16), is
-    to be ``none`` once it has run on a GPU (``models.parallax.PARALLAX_PAD``, ``16`` until then); fla's own
+    ``none`` (``models.parallax.PARALLAX_PAD``; bit for bit the padded launch on an H100, 2026-12-06); fla's own
     launcher sets that block to the head's width and needs 16. gdn's and GLA's fla paths (not
     their default at heads of 8, which is mixzoo's recurrent scan) keep ``16`` until they are measured so. A
     row's backend ends in ``+unpadded`` where a head goes unpadded."""

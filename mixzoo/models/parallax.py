@@ -41,9 +41,9 @@ def parallax_reference(q, r, k, v, *, scale=None):
         return ((a * (1.0 + tbar - s2)) @ v).to(dt)
 
 
-# the width Parallax's narrower heads are padded to on mixzoo's launch unless MIXZOO_FLA_PAD says: "16" until the
-# unpadded launch (bit for bit the padded one on the CPU's plumbing tests) has run and been timed on a GPU, then "none"
-PARALLAX_PAD = "16"
+# the width Parallax's narrower heads are padded to on mixzoo's launch unless MIXZOO_FLA_PAD says: "none" (bit for bit
+# the padded launch on an H100, its stacked+graphed K = 6 step 1.08-1.12x, 2026-12-06, benchmarks/calls-2026-12-06d)
+PARALLAX_PAD = "none"
 
 
 @register_mixer("parallax", search_space={
