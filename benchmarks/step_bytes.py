@@ -29,9 +29,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-# mixzoo's kernels (the backbone's, Mamba-2's within-chunk SSD, softmax attention's): (module, launcher) pairs whose
-# outputs count as one operator each
+# mixzoo's kernels (the backbone's, Mamba-2's within-chunk SSD, softmax attention's and its q, k, v prologue's, which is
+# Parallax's too): (module, launcher) pairs whose outputs count as one operator each
 KERNELS = (("mixzoo.kernels.attn", "_launch_fwd"), ("mixzoo.kernels.attn", "_launch_bwd"),
+           ("mixzoo.kernels.parallax_prologue_triton", "forward"), ("mixzoo.kernels.parallax_prologue_triton", "backward"),
            ("mixzoo.kernels.swiglu_triton", "forward"), ("mixzoo.kernels.swiglu_triton", "backward"),
            ("mixzoo.kernels.rmsnorm_triton", "forward"), ("mixzoo.kernels.rmsnorm_triton", "backward"),
            ("mixzoo.kernels.rope_triton", "rotate"), ("mixzoo.kernels.causal_conv_triton", "forward"),

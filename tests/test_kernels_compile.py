@@ -15,6 +15,7 @@ def _cases():
     from mixzoo.kernels import attn_triton as A
     from mixzoo.kernels import causal_conv_triton as C
     from mixzoo.kernels import gla_steps_triton as G
+    from mixzoo.kernels import parallax_prologue_triton as PP
     from mixzoo.kernels import rmsnorm_triton as N
     from mixzoo.kernels import rope_triton as R
     from mixzoo.kernels import ssd_intra_triton as D
@@ -85,6 +86,18 @@ def _cases():
             ("conv dx " + dt, C._dx_kernel, dict(dz=P("fp32"), w=P("fp32"), dx=P(dt), T="i32", C="i32", BM="i32"),
              dict(W=4, BT=C.BT, BC=C.BC, TB=C.TB)),
         ]
+        # the prologue at the mad recipe's heads: Parallax's (r normed and rotated) and q, k, v alone (the launchers
+        # pass q or dq for the pointers the kernels leave alone)
+        BT, BH, _ = PP._blocks(128 * 128, 16, 8)
+        for has_r in (True, False):
+            aux = "fp32" if has_r else dt
+            consts = dict(BT=BT, BH=BH, HALF=4, ROPE_QK=True, NORM_R=has_r, ROPE_R=has_r, HAS_R=has_r)
+            out += [(f"prologue fwd {dt} r={has_r}", PP._fwd_kernel,
+                     dict(qkv=P(dt), rr=P(dt), w=P(aux), inv_freq=P("fp32"), q=P(dt), k=P(dt), v=P(dt), r=P(dt),
+                          rstd=P(aux), R="i32", T="i32", H="i32", C="i32", eps="fp32"), consts),
+                    (f"prologue bwd {dt} r={has_r}", PP._bwd_kernel,
+                     dict(dq=P(dt), dk=P(dt), dv=P(dt), dr=P(dt), rr=P(dt), w=P(aux), rstd=P(aux), inv_freq=P("fp32"),
+                          dqkv=P(dt), drr=P(dt), dwp=P(aux), R="i32", T="i32", H="i32", C="i32", NB="i32"), consts)]
     return out
 
 

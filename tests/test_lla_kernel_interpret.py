@@ -295,3 +295,69 @@ def test_explicit_solve_capped_at_level_one():
         for name, a, b in zip(("o", "dq", "dk", "dv"), capped, full):
             assert a < (1e-2 if name == "o" else 2e-2), (lam, name, a)
             assert a <= 1.1 * b + 2e-4, (lam, name, a, b)
+
+
+STRIDED = r"""
+import json, sys
+sys.path.insert(0, {bench!r}); sys.path.insert(0, {root!r})
+import lla_small_ridge as L
+import torch
+import torch.nn.functional as F
+L.emulate_gpu_numerics()
+from mixzoo.kernels.lla import triton_lla as K
+B = 2
+out = {{}}
+for D, H, T, per_token in ((8, 3, 80, False), (5, 2, 40, True), (24, 2, 48, False)):
+    g = torch.Generator().manual_seed(D)
+    qkv = (torch.randn(B, T, 3 * H * D, generator=g) + 0.3).bfloat16().requires_grad_()
+    go = torch.randn(B, T, H * D, generator=g).bfloat16()
+    lam = ((torch.rand(B, H, T, generator=g) if per_token else torch.rand(1, H, 1, generator=g)) + 0.5)
+    lam = lam.requires_grad_()
+    # the heads as views of the projection (B, T, 3·H·D): what the layer hands over
+    q, k, v = (t.view(B, T, H, D).transpose(1, 2) for t in qkv.chunk(3, dim=-1))
+    o = K.lla(q, k, v, ridge=lam)
+    o.transpose(1, 2).reshape(B, T, H * D).backward(go)
+    new = [o.detach()] + [t.transpose(1, 2) for t in qkv.grad.view(B, T, 3, H, D).unbind(2)] + [lam.grad]
+    # padded copies in (B·H, T, padded width), as the kernels were called before they read strides
+    dr, Dp = K.direct_dims(D), K.padded_dim(D)
+    pad = lambda t: F.pad(t.detach(), (0, Dp - D)).reshape(B * H, T, Dp).contiguous()   # noqa: E731
+    qq, kk, vv = (pad(t) for t in (q, k, v))
+    gg = pad(go.view(B, T, H, D).transpose(1, 2))
+    lr = lam.detach().broadcast_to(B, H, T).reshape(B * H, T).contiguous()
+    prec = K.precision_level(float(lr.min()))
+    prec = K.direct_prec(prec) if dr else prec
+    cm = torch.empty(B * H, T, dr * dr) if dr else None
+    mom = torch.empty(B * H, T, dr * dr + 2 * dr) if dr else None
+    o0, y, lse, _ = K.lla_forward(qq, kk, vv, lr, D ** -0.5, 1e-3, 48, False, prec=prec, dr=dr, cm=cm, mom=mom,
+                                  onepass=True if dr else None)
+    dq, dk, dv, dl, _ = K.lla_backward(qq, kk, vv, gg, lr, y, lse, D ** -0.5, 1e-3, 48, False, prec=prec, dr=dr,
+                                       cm=cm, mom=mom)
+    old = [t.reshape(B, H, T, Dp)[..., :D] for t in (o0, dq, dk, dv)] + [dl.reshape(B, H, T).sum_to_size(lam.shape)]
+    # and the layer's switch back to those copies (MIXZOO_LLA_HEADS=padded), through ``lla``
+    import os
+    os.environ["MIXZOO_LLA_HEADS"] = "padded"
+    qkv2, lam2 = qkv.detach().clone().requires_grad_(), lam.detach().clone().requires_grad_()
+    o2 = K.lla(*(t.view(B, T, H, D).transpose(1, 2) for t in qkv2.chunk(3, dim=-1)), ridge=lam2)
+    o2.transpose(1, 2).reshape(B, T, H * D).backward(go)
+    del os.environ["MIXZOO_LLA_HEADS"]
+    sw = [o2.detach()] + [t.transpose(1, 2) for t in qkv2.grad.view(B, T, 3, H, D).unbind(2)] + [lam2.grad]
+    out[f"D{{D}}"] = {{"max_abs_diff": [float((a.float() - b.float()).abs().max()) for a, b in zip(new, old)],
+                      "switch_max_abs_diff": [float((a.float() - b.float()).abs().max()) for a, b in zip(sw, old)],
+                      "scale": [float(b.float().abs().max()) for b in old],
+                      "o_strides": list(o.stride()), "dq_strides": list(qkv.grad.stride())}}
+print("RESULT", json.dumps(out))
+"""
+
+
+def test_strided_unpadded_heads_bit_for_bit_the_padded_copies():
+    """The kernels read q, k, v (and the output gradient) through their strides at the head's width, zero-padded in
+    registers, and write the output and dq, dk, dv as (B, T, H, D): the layer hands over views of its projection and
+    nothing is padded, copied or transposed in memory. Against the padded contiguous (B·H, T, 16) copies they were
+    called with before: the output and the gradients of q, k, v and λ equal bit for bit, at a head of 8 (explicit
+    solve, λ per head), 5 (explicit solve over 8 dims with 3 masked, λ per token) and 24 (CG, padded to 32); and so
+    does ``lla`` with the switch back to the copies (``MIXZOO_LLA_HEADS=padded``)."""
+    r = _result(STRIDED, timeout=600)
+    for case, res in r.items():
+        assert res["max_abs_diff"] == [0.0] * 5, (case, res)
+        assert res["switch_max_abs_diff"] == [0.0] * 5, (case, res)
+        assert min(res["scale"]) > 0, (case, res)                  # something was compared

@@ -74,10 +74,10 @@ from mixzoo.models import RECIPES, ModelConfig
 from mixzoo.tasks.mqar import MQAR
 from mixzoo.train import TrainConfig, train
 from mixzoo.train.stacked import train_stacked
-from mixzoo.kernels import causal_conv_triton, rmsnorm_triton, rope_triton, swiglu_triton
+from mixzoo.kernels import causal_conv_triton, parallax_prologue_triton, rmsnorm_triton, rope_triton, swiglu_triton
 seen = set()
 for mod, fn in ((rmsnorm_triton, "forward"), (swiglu_triton, "forward"), (rope_triton, "rotate"),
-                (causal_conv_triton, "forward")):
+                (causal_conv_triton, "forward"), (parallax_prologue_triton, "forward")):
     f = getattr(mod, fn)
     setattr(mod, fn, (lambda f, name: lambda *a, **k: seen.add(name.split(".")[-1]) or f(*a, **k))(f, mod.__name__))
 task = MQAR(V=32, L=16, kv=2)
@@ -170,7 +170,7 @@ def test_residual_add_and_norm_in_one_kernel():
 
 def _run(script: str, env: dict | None = None) -> dict:
     return run_interpreted(script, env, drop=("MIXZOO_RMSNORM", "MIXZOO_SWIGLU", "MIXZOO_ROPE", "MIXZOO_CONV",
-                                              "MIXZOO_SSD", "MIXZOO_EAGER_KERNELS"))
+                                              "MIXZOO_SSD", "MIXZOO_EAGER_KERNELS", "MIXZOO_QKV_PROLOGUE"))
 
 
 def test_kernels_against_float64_and_folded_under_vmap():
@@ -195,10 +195,11 @@ def test_kernels_against_float64_and_folded_under_vmap():
 def test_a_stacked_run_with_the_kernels_gives_each_run_s_numbers():
     r = _run(TRAINING, {"MIXZOO_EAGER_KERNELS": "1"})        # the separate (eager) runs take the kernels too
     assert r.pop("eager default") is None, r
-    want = {"softmax": ["rmsnorm_triton", "rope_triton", "swiglu_triton"],
+    # softmax's q, k, v by the prologue kernel (rotation included)
+    want = {"softmax": ["parallax_prologue_triton", "rmsnorm_triton", "swiglu_triton"],
             "gdn": ["causal_conv_triton", "rmsnorm_triton", "swiglu_triton"]}
     # each run's result names them (gdn's recurrent scan, mixzoo.kernels.recurrent, too)
-    recorded = {"softmax": "rmsnorm,rope,swiglu", "gdn": "causal_conv,delta_rec,rmsnorm,swiglu"}
+    recorded = {"softmax": "qkv_prologue,rmsnorm,swiglu", "gdn": "causal_conv,delta_rec,rmsnorm,swiglu"}
     for mixer, res in r.items():
         assert res["kernels"] == want[mixer], (mixer, res)
         assert res["recorded"] == [recorded[mixer]] * 4, (mixer, res)

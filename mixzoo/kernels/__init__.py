@@ -26,6 +26,12 @@ PARALLAX_TILES = ("mixzoo", "fla")
 # Parallax's stacked+graphed K = 6 step 1.16-1.26x on an H100, 2026-12-06, benchmarks/calls-2026-12-06d) or the layer's
 # separate rotation and norm kernels, cast and copies ("torch")
 PARALLAX_PROLOGUE = ("fused", "torch")
+# softmax attention's and LLA's q, k, v (parallax_prologue.qkv_prologue, models.common.qkv_heads): that kernel without r, one pass
+# each way ("fused", the default), or the split views, two rotation kernels and backward the concatenation ("torch")
+QKV_PROLOGUE = ("fused", "torch")
+# LLA's kernels: the heads read where they lie through their strides, unpadded ("strided", the default), or handed
+# zero-padded contiguous (B·H, T, 16) copies as before ("padded"; the same numbers bit for bit)
+LLA_HEADS = ("strided", "padded")
 # Mamba-2's scan at value heads narrower than fla's 64, on a GPU: mamba-ssm's Triton SSD (mamba_chunk_scan_combined)
 # where installed and matched on the device, or mixzoo's chunked form (torch-chunk); the first is the default
 MAMBA_SSD = ("mamba-ssm", "torch-chunk")
@@ -86,7 +92,8 @@ HYENA_FFT_SCALE = ("filter", "output")
 NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS, "MIXZOO_ATTN": ATTN_CHOICES, "MIXZOO_LLA_C": LLA_C,
                   "MIXZOO_LLA_H": LLA_H,
                   "MIXZOO_LLA_DIRECT_PREC": LLA_DIRECT_PREC, "MIXZOO_PARALLAX_TILES": PARALLAX_TILES,
-                  "MIXZOO_PARALLAX_PROLOGUE": PARALLAX_PROLOGUE, "MIXZOO_SSD_DOT": SSD_FORMS,
+                  "MIXZOO_PARALLAX_PROLOGUE": PARALLAX_PROLOGUE, "MIXZOO_QKV_PROLOGUE": QKV_PROLOGUE,
+                  "MIXZOO_LLA_HEADS": LLA_HEADS, "MIXZOO_SSD_DOT": SSD_FORMS,
                   "MIXZOO_MAMBA_SSD": MAMBA_SSD, "MIXZOO_MAMBA_SSD_FOLD": MAMBA_SSD_FOLD, "MIXZOO_MESA_FOLD": MESA_FOLD,
                   "MIXZOO_CONV_FOLD": CONV_FOLDS, "MIXZOO_CONV_BWD": CONV_BWD, "MIXZOO_CONV_FWD": CONV_FWD,
                   "MIXZOO_ATTN_TILES": ATTN_TILES, "MIXZOO_FLA_PAD": FLA_PAD, "MIXZOO_GDN": REC_CORE, "MIXZOO_GLA_CORE": REC_CORE,

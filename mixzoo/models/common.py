@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels import causal_conv as _conv
+from ..kernels import parallax_prologue as _prologue
 from ..kernels import rmsnorm as _rmsnorm
 from ..kernels import rope as _rope
 from . import _fla
@@ -45,6 +46,21 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
     """(B, H, T, D) -> (B, T, H*D)."""
     B, H, T, D = x.shape
     return x.transpose(1, 2).reshape(B, T, H * D)
+
+
+def qkv_heads(qkv: torch.Tensor, h: int, use_rope: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A projection's qkv (B, T, 3C) -> q, k, v (B, H, T, D), q and k rotated with ``use_rope``. Where the rotation
+    runs on the GPU, by one Triton kernel each way (``mixzoo.kernels.parallax_prologue.qkv_prologue``, folded when
+    stacking) in place of two rotation kernels and, backward, the concatenation of the chunks' gradients: q, k, v are
+    then views of contiguous (B, T, H, D), the layout in which mixzoo's attention kernels write their gradients, so
+    those reach the kernel as they are. Elsewhere the chunks' views, rotated by ``rope`` (the numbers as before)."""
+    if _prologue.qkv_runs_on(qkv, h, use_rope):
+        q, k, v = _fla._op("mixzoo.kernels.parallax_prologue", "qkv_prologue")(qkv, h)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    q, k, v = (split_heads(t, h) for t in qkv.chunk(3, dim=-1))
+    if use_rope:
+        q, k = rope(q), rope(k)
+    return q, k, v
 
 
 def rope(x: torch.Tensor, base: float = 10000.0) -> torch.Tensor:

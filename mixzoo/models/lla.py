@@ -32,7 +32,7 @@ from torch import nn
 
 from ..kernels.lla import lla_reference
 from ..registry import register_mixer
-from .common import merge_heads, rope, split_heads
+from .common import merge_heads, qkv_heads
 
 
 def lla_core(q, k, v, *, ridge: float = 1.0, scale=None):
@@ -136,9 +136,9 @@ class LocalLinearAttention(nn.Module):
         return level
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = (split_heads(t, self.h) for t in self.qkv(x).chunk(3, dim=-1))
-        if self.use_rope:
-            q, k = rope(q), rope(k)
+        # the kernel reads the heads through their strides: the projection's views, or with rotary positions on the
+        # GPU one prologue kernel's (B, T, H, D) output; its own output is (B, T, H, D) too, so merging is a view
+        q, k, v = qkv_heads(self.qkv(x), self.h, self.use_rope)
         lam = self.ridge()[None, :, None]                  # (1, H, 1) -> per head
         fast = _fast_lla(x) if (self.requested == "triton" or (self.requested == "auto" and x.is_cuda)) else None
         if self.requested == "triton" and fast is None:
@@ -146,7 +146,9 @@ class LocalLinearAttention(nn.Module):
                                "(it needs a CUDA device, or Triton's interpreter: TRITON_INTERPRET=1)")
         if fast is not None:
             self.backend = f"triton-{self.solve}"
-            o = fast(q, k, v, ridge=lam.expand(x.shape[0], -1, x.shape[1]), prec=_precision_eager()(self, lam),
+            # λ per (sequence, head), broadcast over the positions inside the kernel: stacked, the K models' λ fold
+            # into a (K·B, H, 1) copy of a few floats in place of a (K·B, H, T) one
+            o = fast(q, k, v, ridge=lam.expand(x.shape[0], -1, 1), prec=_precision_eager()(self, lam),
                      solve=self.solve)
         else:
             self.backend = "torch"

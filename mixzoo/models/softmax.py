@@ -3,7 +3,8 @@
 The attention is PyTorch's SDPA, or, for heads of at most 16 dims in half precision on a GPU, mixzoo's
 Triton kernels (``mixzoo.kernels.attn``: SDPA's kernels pad such heads to 32 or 64), where ``attn.runs_on``
 says so (the switch ``MIXZOO_ATTN``). The backend a run records names the one used: ``sdpa`` or
-``triton-attn``."""
+``triton-attn``. q, k, v come from the projection by ``common.qkv_heads`` (on a GPU one Triton kernel each way for the
+split and the rotation, ``MIXZOO_QKV_PROLOGUE``)."""
 from __future__ import annotations
 
 import contextlib
@@ -18,7 +19,7 @@ from ..errors import UsageError
 from ..kernels import attn as _attn
 from ..registry import register_mixer
 from . import _fla
-from .common import merge_heads, rope, split_heads
+from .common import merge_heads, qkv_heads
 
 
 # SDPA's kernel on a GPU: PyTorch's choice (cuDNN first on Hopper) unless MIXZOO_SDPA names one of
@@ -60,9 +61,7 @@ class SoftmaxAttention(nn.Module):
         self.backend = "sdpa"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = (split_heads(t, self.h) for t in self.qkv(x).chunk(3, dim=-1))
-        if self.use_rope:
-            q, k = rope(q), rope(k)
+        q, k, v = qkv_heads(self.qkv(x), self.h, self.use_rope)
         dropout = self.dropout if self.training else 0.0
         if _attn.runs_on(q, dropout):
             self.backend = "triton-attn"

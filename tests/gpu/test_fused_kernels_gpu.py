@@ -250,6 +250,7 @@ def test_a_stacked_softmax_layer_folds_the_rope_kernel(monkeypatch):
     from mixzoo.models.softmax import SoftmaxAttention
     from mixzoo.train.vmapfold import folding
     assert usable(torch.cuda.current_device())
+    monkeypatch.setenv("MIXZOO_QKV_PROLOGUE", "torch")     # q and k by the rotation kernel (the prologue: its own test)
     calls = []
     rot = rope_triton.rotate
     monkeypatch.setattr(rope_triton, "rotate", lambda x, *a, **k: calls.append(tuple(x.shape)) or rot(x, *a, **k))

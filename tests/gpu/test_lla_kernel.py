@@ -196,3 +196,31 @@ def test_direct_solve_h_from_forward(lam, monkeypatch):
     assert errs["forward"][0] < 1e-2 and max(errs["forward"][1:]) < 2e-2
     for a, b in zip(errs["forward"], errs["summed"]):
         assert a <= 1.1 * b + 5e-4
+
+
+@pytest.mark.parametrize("B,T", [(768, 1024), (768, 128)])
+def test_strided_heads_bit_for_bit_the_padded_copies(B, T, monkeypatch):
+    """The heads of 8 as views of a (B, T, 3·128) projection, λ per head through zero strides, against the padded
+    contiguous copies the kernels took before (``MIXZOO_LLA_HEADS=padded``): the output and the gradients of the
+    projection and of λ equal bit for bit; the two timed side by side (forward+backward, the copies included).
+    B = 768 is the stacked step's batch (6 models x 128) of MAD's shape."""
+    import triton.testing
+    H, D = 16, 8
+    g = torch.Generator(device="cuda").manual_seed(2)
+    qkv0 = torch.randn(B, T, 3 * H * D, device="cuda", generator=g).bfloat16()
+    go = torch.randn(B, T, H * D, device="cuda", generator=g).bfloat16()
+    lam0 = torch.rand(1, H, 1, device="cuda", generator=g) + 0.5
+
+    def run(mode):
+        monkeypatch.setenv("MIXZOO_LLA_HEADS", mode)
+        qkv, lam = qkv0.clone().requires_grad_(), lam0.clone().requires_grad_()
+        q, k, v = (t.view(B, T, H, D).transpose(1, 2) for t in qkv.chunk(3, dim=-1))
+        o = lla(q, k, v, ridge=lam.expand(B, -1, 1)).transpose(1, 2).reshape(B, T, H * D)
+        return [o] + list(torch.autograd.grad(o, (qkv, lam), go))
+    a, b = run("strided"), run("padded")
+    for name, x, y in zip(("o", "dqkv", "dlam"), a, b):
+        assert x.shape == y.shape and torch.equal(x, y), name
+    t_s = triton.testing.do_bench(lambda: run("strided"), warmup=5, rep=60, return_mode="median")
+    t_p = triton.testing.do_bench(lambda: run("padded"), warmup=5, rep=60, return_mode="median")
+    print(f"\nlla B={B} T={T} heads of 8, forward+backward: strided {t_s:.3f} ms, padded copies {t_p:.3f} ms "
+          f"({t_p / t_s:.2f}x)")

@@ -1,5 +1,7 @@
 """mixzoo.kernels.parallax_prologue on the GPU: the kernels against float64 beside the composition in bf16 at MAD's
-shape, and the Parallax layer with them against its separate ops (bf16 autocast), with the kernel that ran named."""
+shape, and the Parallax layer with them against its separate ops (bf16 autocast), with the kernel that ran named. The
+same for the kernels without r (``qkv_prologue``) and the softmax layer, which also folds them when stacked; and their
+forward+backward timed against the two rotation kernels and the chunks' concatenation they replace, printed."""
 from __future__ import annotations
 
 import pytest
@@ -9,7 +11,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 
 
 def _rel(a, b):
-    return float((a.double() - b.double()).norm() / b.double().norm())
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / b.norm())
 
 
 @pytest.mark.parametrize("B,T,rope_r", [(128, 1024, True), (128, 128, True), (64, 256, False)])
@@ -65,3 +68,111 @@ def test_parallax_layer_with_the_prologue(monkeypatch):
     print(f"\nparallax layer, prologue kernels against the separate ops: output {errs[0]:.2e}, gradients max "
           f"{max(errs[1:]):.2e}")
     assert len(errs) >= 5 and max(errs) < 1e-2, errs
+
+
+@pytest.mark.parametrize("B,T", [(128, 1024), (128, 128)])
+def test_qkv_prologue_against_float64_and_the_composition(B, T, monkeypatch):
+    from mixzoo.kernels import parallax_prologue as P
+    assert P.usable(0)
+    H, D = 16, 8
+    g = torch.Generator(device="cuda").manual_seed(0)
+    qkv = torch.randn(B, T, 3 * H * D, device="cuda", generator=g).bfloat16()
+    gs = [torch.randn(B, T, H, D, device="cuda", generator=g).bfloat16() for _ in range(3)]
+    n = 8                                                    # float64 on the first sequences
+    x64 = qkv[:n].double().requires_grad_()
+    want = P.qkv_prologue_torch(x64, H)
+    (want_d,) = torch.autograd.grad(want, x64, [x[:n].double() for x in gs])
+    errs = {}
+    for sw in ("fused", "torch"):
+        monkeypatch.setenv("MIXZOO_QKV_PROLOGUE", sw)
+        x = qkv.clone().requires_grad_()
+        got = P.qkv_prologue(x, H)
+        (d,) = torch.autograd.grad(got, x, gs)
+        errs[sw] = [_rel(a[:n], b.detach()) for a, b in zip(got, want)] + [_rel(d[:n], want_d)]
+        assert all(t.dtype == torch.bfloat16 and t.is_contiguous() for t in (*got, d))
+    print(f"\nqkv prologue B={B} T={T}: against float64 (q, k, v, dqkv) kernels {max(errs['fused']):.2e}, "
+          f"composition {max(errs['torch']):.2e}")
+    assert all(a <= 1.1 * b + 1e-6 for a, b in zip(errs["fused"], errs["torch"])), errs
+
+
+def test_softmax_layer_with_the_qkv_prologue_and_stacked(monkeypatch):
+    from torch.func import functional_call, stack_module_state, vmap
+
+    from mixzoo import kernels
+    from mixzoo.kernels import parallax_prologue_triton as PT
+    from mixzoo.models.softmax import SoftmaxAttention
+    from mixzoo.train.vmapfold import folding
+    torch.manual_seed(0)
+    m = SoftmaxAttention(128, num_heads=16).cuda()
+    x = torch.randn(8, 512, 128, device="cuda")
+    res = {}
+    for sw in ("fused", "torch"):
+        monkeypatch.setenv("MIXZOO_QKV_PROLOGUE", sw)
+        kernels.reset()
+        m.zero_grad()
+        xi = x.clone().requires_grad_()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = m(xi)
+        y.float().square().mean().backward()
+        res[sw] = (kernels.RAN & {"qkv_prologue", "rope"}, m.backend,
+                   [y.detach().float(), xi.grad.float()] + [p.grad.float().clone() for p in m.parameters()])
+    assert (res["fused"][0], res["torch"][0]) == ({"qkv_prologue"}, {"rope"})
+    assert res["fused"][1] == res["torch"][1] == "triton-attn"
+    errs = [_rel(a, b) for a, b in zip(res["fused"][2], res["torch"][2])]
+    print(f"\nsoftmax layer, qkv prologue against the rotation kernels: output {errs[0]:.2e}, gradients max "
+          f"{max(errs[1:]):.2e}")
+    assert len(errs) == 4 and max(errs) < 1e-3, errs
+    # 4 stacked layers: one prologue call (4 groups of 8 x 128 tokens) each way, each layer's numbers
+    monkeypatch.setenv("MIXZOO_QKV_PROLOGUE", "fused")
+    calls = []
+    fwd = PT.forward
+    monkeypatch.setattr(PT, "forward", lambda qkv, *a, **k: calls.append(tuple(qkv.shape)) or fwd(qkv, *a, **k))
+    ms = [SoftmaxAttention(128, num_heads=16).cuda() for _ in range(4)]
+    xs = torch.randn(4, 8, 128, 128, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        ref = torch.stack([mi(xi) for mi, xi in zip(ms, xs)])
+        calls.clear()
+        params, bufs = stack_module_state(ms)
+        with folding():
+            y = vmap(lambda p, b, xi: functional_call(ms[0], (p, b), (xi,)))(params, bufs, xs)
+    assert calls == [(4, 8 * 128, 3 * 128)], calls
+    torch.testing.assert_close(y.float(), ref.float(), rtol=2e-2, atol=2e-3)
+
+
+def _qkv_times(layer, B: int, T: int, monkeypatch) -> dict:
+    from test_fused_kernels_gpu import _timed
+
+    from mixzoo.models.common import qkv_heads
+    H = layer.h
+    C = layer.qkv.in_features
+    qkv = torch.randn(B, T, 3 * C, device="cuda").bfloat16().requires_grad_()
+    gs = [torch.randn(B, T, H, C // H, device="cuda").bfloat16().transpose(1, 2) for _ in range(3)]
+    x = torch.randn(B, T, C, device="cuda").requires_grad_()
+
+    def layer_step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = layer(x)
+        torch.autograd.grad(y.float().square().mean(), [x, *layer.parameters()])
+    t = {}
+    for sw in ("fused", "torch"):
+        monkeypatch.setenv("MIXZOO_QKV_PROLOGUE", sw)
+        t[sw] = _timed(lambda: torch.autograd.grad(qkv_heads(qkv, H, True), qkv, gs))
+        t["layer " + sw] = _timed(layer_step)
+    return t
+
+
+def test_qkv_prologue_timed_against_the_rotation_kernels(monkeypatch):
+    """Forward+backward of q, k, v from qkv (bf16, 16 heads of 8; the gradients as the attention kernels give them,
+    (B, T, H, D) in memory), graphed: the prologue, and the split views, two rotation kernels and the chunks'
+    concatenation; then the whole softmax layer each way (its attention reads q and k in either layout)."""
+    from mixzoo.models.softmax import SoftmaxAttention
+    torch.manual_seed(0)
+    layer = SoftmaxAttention(128, num_heads=16).cuda()
+    lines = []
+    for B, T in ((128, 128), (128, 1024)):
+        t = _qkv_times(layer, B, T, monkeypatch)
+        lines.append(f"B={B} T={T}: prologue {t['fused']:.3f} ms, rotation kernels + concatenation {t['torch']:.3f} ms "
+                     f"({t['torch'] / t['fused']:.2f}x); softmax layer {t['layer fused']:.3f} ms against "
+                     f"{t['layer torch']:.3f} ms ({t['layer torch'] / t['layer fused']:.2f}x)")
+        assert t["fused"] <= 1.05 * t["torch"], lines[-1]
+    print("\nqkv prologue, forward+backward, graphed:\n" + "\n".join(lines))

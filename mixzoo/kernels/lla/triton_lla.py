@@ -66,8 +66,10 @@ round like the GPU, errors against the float64 reference; per-flag ablations at 
   fp32 operands with input_precision "tf32x3" were not used: with one operand exactly bf16, two bf16 matmuls
   give 16 bits where tf32x3 costs three tf32 matmuls (half the bf16 rate) and an fp32 copy of k.
 
-Memory: besides the output, the forward keeps y (fp32, (BH, T, D)) and one float per row; the backward
-adds ν (fp32, (BH, T, D)) and four floats per row. Nothing of size T x T or T x D x D touches global memory.
+Memory: besides the output, the forward keeps y (fp32, (BH, T, D) at the padded width) and one float per row (with
+the explicit solve also C and the moments, dr·dr and dr·dr + 2·dr floats a row); the backward adds ν (fp32, (BH, T,
+D)) and four floats per row. The heads themselves are read where they lie (``lla``). Nothing of size T x T or
+T x D x D touches global memory.
 """
 from __future__ import annotations
 
@@ -177,10 +179,31 @@ def _widen(xr, D: tl.constexpr, DR: tl.constexpr, BM: tl.constexpr):
 
 
 @triton.jit
-def _rows(X, offs_n, T, DR: tl.constexpr, D: tl.constexpr):
-    """The first DR (real) head dims of a tile of rows of X, (BN, DR) fp32."""
-    return tl.load(X + offs_n[:, None] * D + tl.arange(0, DR)[None, :], mask=offs_n[:, None] < T,
+def _rows(X, offs_n, T, st, DR: tl.constexpr, DIN: tl.constexpr):
+    """The first DR head dims of a tile of rows of X (rows ``st`` elements apart; dims past the DIN real ones
+    zero), (BN, DR) fp32."""
+    dr = tl.arange(0, DR)
+    return tl.load(X + offs_n[:, None] * st + dr[None, :], mask=(offs_n[:, None] < T) & (dr < DIN)[None, :],
                    other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _tile(X, offs, T, st, offs_d, DIN: tl.constexpr):
+    """Rows ``offs`` of one head of X (``st`` elements apart), its DIN real dims zero-padded to the tile's width."""
+    return tl.load(X + offs[:, None] * st + offs_d[None, :], mask=(offs[:, None] < T) & (offs_d < DIN)[None, :],
+                   other=0.0)
+
+
+@triton.jit
+def _put(X, offs, T, st, offs_d, x, DIN: tl.constexpr):
+    """Store a tile's DIN real dims into rows ``offs`` of one head of X."""
+    tl.store(X + offs[:, None] * st + offs_d[None, :], x, mask=(offs[:, None] < T) & (offs_d < DIN)[None, :])
+
+
+@triton.jit
+def _head(X, bh, NH, sb, sh):
+    """One (sequence, head) of X (B, H, T, ·) at strides (sb, sh) from program row bh = b·NH + h."""
+    return X + (bh // NH) * sb + (bh % NH) * sh
 
 
 @triton.jit
@@ -294,8 +317,9 @@ def _stored_moments(MOM, rows, rmask, g, D: tl.constexpr, DR: tl.constexpr, BM: 
 
 
 @triton.jit
-def _cg_solve(rhs, q, kbar, lse2, lam, dinv, Kb, offs_m, offs_d, hi, T, sc2, tol2, max_iter,
-              D: tl.constexpr, BN: tl.constexpr, JACOBI: tl.constexpr, PREC: tl.constexpr, TIGHT: tl.constexpr):
+def _cg_solve(rhs, q, kbar, lse2, lam, dinv, Kb, sk_t, offs_m, offs_d, hi, T, sc2, tol2, max_iter,
+              D: tl.constexpr, BN: tl.constexpr, JACOBI: tl.constexpr, PREC: tl.constexpr, TIGHT: tl.constexpr,
+              DIN: tl.constexpr):
     """Solve (Σ a (k - k̄)(k - k̄)ᵀ + λI) x = rhs for every row of a query tile; matrix-free CG.
 
     PREC < 2: the direction p is rounded to bf16 and the weighted projections a c go through the matmul in bf16
@@ -340,7 +364,7 @@ def _cg_solve(rhs, q, kbar, lse2, lam, dinv, Kb, offs_m, offs_d, hi, T, sc2, tol
         cs = tl.zeros(lse2.shape, tl.float32)
         for start in range(0, hi, BN):
             offs_n = start + tl.arange(0, BN)
-            k = tl.load(Kb + offs_n[:, None] * D + offs_d[None, :], mask=offs_n[:, None] < T, other=0.0)
+            k = _tile(Kb, offs_n, T, sk_t, offs_d, DIN)
             a = tl.math.exp2(_scores(q, k, offs_m, offs_n, T, sc2) - lse2[:, None])
             c = tl.dot(pb, tl.trans(k))
             if PREC >= 2:
@@ -378,20 +402,21 @@ def _cg_solve(rhs, q, kbar, lse2, lam, dinv, Kb, offs_m, offs_d, hi, T, sc2, tol
 
 
 @triton.jit
-def _lla_fwd(Q, K, V, LAM, OUT, Y, LSE, ITS, CM, MOM, T, sc2, tol2, max_iter,
+def _lla_fwd(Q, K, V, LAM, OUT, Y, LSE, ITS, CM, MOM, T, sc2, tol2, max_iter, NH,
+             sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t, so_b, so_h, so_t, sl_b, sl_h, sl_t,
              D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, JACOBI: tl.constexpr, STORE_Y: tl.constexpr,
              PREC: tl.constexpr, DR: tl.constexpr, DIRECT: tl.constexpr, ONEPASS: tl.constexpr,
-             STORE_C: tl.constexpr, STORE_M: tl.constexpr):
+             STORE_C: tl.constexpr, STORE_M: tl.constexpr, DIN: tl.constexpr):
     n_m = tl.cdiv(T, BM)
     pid_m = n_m - 1 - tl.program_id(0)            # longest tiles first
     bh = tl.program_id(1).to(tl.int64)
-    Qb, Kb, Vb = Q + bh * T * D, K + bh * T * D, V + bh * T * D
+    Qb, Kb, Vb = _head(Q, bh, NH, sq_b, sq_h), _head(K, bh, NH, sk_b, sk_h), _head(V, bh, NH, sv_b, sv_h)
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_d = tl.arange(0, D)
     rmask = offs_m < T
-    q = tl.load(Qb + offs_m[:, None] * D + offs_d[None, :], mask=rmask[:, None], other=0.0)
+    q = _tile(Qb, offs_m, T, sq_t, offs_d, DIN)
     DT = q.dtype
-    lam = tl.load(LAM + bh * T + offs_m, mask=rmask, other=1.0)
+    lam = tl.load(_head(LAM, bh, NH, sl_b, sl_h) + offs_m * sl_t, mask=rmask, other=1.0)
     hi = tl.minimum(T, (pid_m + 1) * BM)
 
     # pass 1: online softmax moments (max, sum, Σ w k, and Σ w k∘k for Jacobi). PREC >= 1: the weights enter
@@ -406,7 +431,7 @@ def _lla_fwd(Q, K, V, LAM, OUT, Y, LSE, ITS, CM, MOM, T, sc2, tol2, max_iter,
     vk = tl.zeros([BM, DR * DR], tl.float32)
     for start in range(0, hi, BN):
         offs_n = start + tl.arange(0, BN)
-        k = tl.load(Kb + offs_n[:, None] * D + offs_d[None, :], mask=offs_n[:, None] < T, other=0.0)
+        k = _tile(Kb, offs_n, T, sk_t, offs_d, DIN)
         s = _scores(q, k, offs_m, offs_n, T, sc2)
         m_new = tl.maximum(m, tl.max(s, 1))
         m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -420,15 +445,15 @@ def _lla_fwd(Q, K, V, LAM, OUT, Y, LSE, ITS, CM, MOM, T, sc2, tol2, max_iter,
             if PREC >= 2:
                 wsum += tl.sum(wl.to(tl.float32), 1)
                 mk = tl.dot(wl, k, mk)
-            kr = _rows(Kb, offs_n, T, DR, D)
+            kr = _rows(Kb, offs_n, T, sk_t, DR, DIN)
             kkh, kkl = _outer(kr, kr, BN, DR, DT)
             s2 = _moment_dot(wb, wm, wl, kkh, kkl, s2 * alpha[:, None], PREC)
             if ONEPASS:                             # Σ w v and Σ w v kᵀ: the output without a second pass
-                v = tl.load(Vb + offs_n[:, None] * D + offs_d[None, :], mask=offs_n[:, None] < T, other=0.0)
+                v = _tile(Vb, offs_n, T, sv_t, offs_d, DIN)
                 mv = tl.dot(wm, v, tl.dot(wb, v, mv * alpha[:, None]))
                 if PREC >= 2:
                     mv = tl.dot(wl, v, mv)
-                vkh, vkl = _outer(_rows(Vb, offs_n, T, DR, D), kr, BN, DR, DT)
+                vkh, vkl = _outer(_rows(Vb, offs_n, T, sv_t, DR, DIN), kr, BN, DR, DT)
                 vk = _moment_dot(wb, wm, wl, vkh, vkl, vk * alpha[:, None], PREC)
         elif PREC >= 1:
             wsum = wsum * alpha + tl.sum(wb.to(tl.float32) + wl.to(tl.float32), 1)
@@ -456,8 +481,8 @@ def _lla_fwd(Q, K, V, LAM, OUT, Y, LSE, ITS, CM, MOM, T, sc2, tol2, max_iter,
                      tl.reshape(cu, (BM, DR * DR)), mask=rmask[:, None])
         it = tl.full([], 0, tl.int32)
     else:
-        y, it = _cg_solve(bv, q, kbar, lse2, lam, dinv, Kb, offs_m, offs_d, hi, T, sc2, tol2, max_iter,
-                          D, BN, JACOBI, PREC, False)
+        y, it = _cg_solve(bv, q, kbar, lse2, lam, dinv, Kb, sk_t, offs_m, offs_d, hi, T, sc2, tol2, max_iter,
+                          D, BN, JACOBI, PREC, False, DIN)
 
     if ONEPASS:
         # o = v̄ - Σ_VK y with Σ_VK = Σ a v kᵀ / Σa - v̄ k̄ᵀ, the moments summed in pass 1 to ~2^-25 (PREC >= 2) or
@@ -481,9 +506,8 @@ def _lla_fwd(Q, K, V, LAM, OUT, Y, LSE, ITS, CM, MOM, T, sc2, tol2, max_iter,
         acc = tl.zeros([BM, D], tl.float32)
         for start in range(0, hi, BN):
             offs_n = start + tl.arange(0, BN)
-            kv_off = offs_n[:, None] * D + offs_d[None, :]
-            k = tl.load(Kb + kv_off, mask=offs_n[:, None] < T, other=0.0)
-            v = tl.load(Vb + kv_off, mask=offs_n[:, None] < T, other=0.0)
+            k = _tile(Kb, offs_n, T, sk_t, offs_d, DIN)
+            v = _tile(Vb, offs_n, T, sv_t, offs_d, DIN)
             a = tl.math.exp2(_scores(q, k, offs_m, offs_n, T, sc2) - lse2[:, None])
             e = tl.dot(yl, tl.trans(k), tl.dot(yb, tl.trans(k)))
             if PREC >= 3:
@@ -492,34 +516,36 @@ def _lla_fwd(Q, K, V, LAM, OUT, Y, LSE, ITS, CM, MOM, T, sc2, tol2, max_iter,
             acc = tl.dot(wb, v, acc)
             acc = tl.dot(wl, v, acc)
 
-    row_off = bh * T * D + offs_m[:, None] * D + offs_d[None, :]
-    tl.store(OUT + row_off, acc.to(DT), mask=rmask[:, None])
-    if STORE_Y:
-        tl.store(Y + row_off, y, mask=rmask[:, None])
+    _put(_head(OUT, bh, NH, so_b, so_h), offs_m, T, so_t, offs_d, acc.to(DT), DIN)
+    if STORE_Y:                                     # y, ν, lse, rows: (B·H, T, ·) at the padded width D
+        tl.store(Y + bh * T * D + offs_m[:, None] * D + offs_d[None, :], y, mask=rmask[:, None])
     tl.store(LSE + bh * T + offs_m, lse2, mask=rmask)
     tl.store(ITS + bh * n_m + pid_m, it)
 
 
 @triton.jit
-def _lla_bwd_q(Q, K, V, G, LAM, Y, LSE, DQ, NU, ROWS, DLAM, ITS, CM, MOM, T, scale, sc2, tol2, max_iter,
+def _lla_bwd_q(Q, K, V, G, LAM, Y, LSE, DQ, NU, ROWS, DLAM, ITS, CM, MOM, T, scale, sc2, tol2, max_iter, NH,
+               sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t, sg_b, sg_h, sg_t, so_b, so_h, so_t,
+               sl_b, sl_h, sl_t,
                D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, JACOBI: tl.constexpr, PREC: tl.constexpr,
-               DR: tl.constexpr, DIRECT: tl.constexpr, LOAD_C: tl.constexpr, LOAD_M: tl.constexpr):
+               DR: tl.constexpr, DIRECT: tl.constexpr, LOAD_C: tl.constexpr, LOAD_M: tl.constexpr,
+               DIN: tl.constexpr):
     """Per query tile: k̄, h = Σ a (Γ - Γ̄)(k - k̄) with Γ_j = g . v_j; ν = C⁻¹ h; dq = ν + scale Σ P (k - k̄).
     LOAD_C (with DIRECT): C is the forward's (``CM``), not summed again here. LOAD_M (with LOAD_C): h = Σ_VKᵀ g and
     Γ̄ = g . v̄ from the forward's Σ_VK, k̄, v̄ (``MOM``), and no pass over the keys before the solve."""
     n_m = tl.cdiv(T, BM)
     pid_m = n_m - 1 - tl.program_id(0)
     bh = tl.program_id(1).to(tl.int64)
-    Kb, Vb = K + bh * T * D, V + bh * T * D
+    Kb, Vb = _head(K, bh, NH, sk_b, sk_h), _head(V, bh, NH, sv_b, sv_h)
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_d = tl.arange(0, D)
     rmask = offs_m < T
-    row_off = bh * T * D + offs_m[:, None] * D + offs_d[None, :]
-    q = tl.load(Q + row_off, mask=rmask[:, None], other=0.0)
+    row_off = bh * T * D + offs_m[:, None] * D + offs_d[None, :]       # y and ν: (B·H, T, D)
+    q = _tile(_head(Q, bh, NH, sq_b, sq_h), offs_m, T, sq_t, offs_d, DIN)
     DT = q.dtype
-    g = tl.load(G + row_off, mask=rmask[:, None], other=0.0)
+    g = _tile(_head(G, bh, NH, sg_b, sg_h), offs_m, T, sg_t, offs_d, DIN)
     y = tl.load(Y + row_off, mask=rmask[:, None], other=0.0)
-    lam = tl.load(LAM + bh * T + offs_m, mask=rmask, other=1.0)
+    lam = tl.load(_head(LAM, bh, NH, sl_b, sl_h) + offs_m * sl_t, mask=rmask, other=1.0)
     lse2 = tl.load(LSE + bh * T + offs_m, mask=rmask, other=0.0)
     hi = tl.minimum(T, (pid_m + 1) * BM)
 
@@ -537,9 +563,8 @@ def _lla_bwd_q(Q, K, V, G, LAM, Y, LSE, DQ, NU, ROWS, DLAM, ITS, CM, MOM, T, sca
         s2 = tl.zeros([BM, DR * DR], tl.float32)
         for start in range(0, hi, BN):
             offs_n = start + tl.arange(0, BN)
-            kv_off = offs_n[:, None] * D + offs_d[None, :]
-            k = tl.load(Kb + kv_off, mask=offs_n[:, None] < T, other=0.0)
-            v = tl.load(Vb + kv_off, mask=offs_n[:, None] < T, other=0.0)
+            k = _tile(Kb, offs_n, T, sk_t, offs_d, DIN)
+            v = _tile(Vb, offs_n, T, sv_t, offs_d, DIN)
             a = tl.math.exp2(_scores(q, k, offs_m, offs_n, T, sc2) - lse2[:, None])
             gam = tl.dot(g, tl.trans(v))
             ab, al = _hi_lo(a, DT)
@@ -558,7 +583,7 @@ def _lla_bwd_q(Q, K, V, G, LAM, Y, LSE, DQ, NU, ROWS, DLAM, ITS, CM, MOM, T, sca
                 else:
                     gsum += tl.sum(agb.to(tl.float32), 1)
                 if not LOAD_C:
-                    kr = _rows(Kb, offs_n, T, DR, D)
+                    kr = _rows(Kb, offs_n, T, sk_t, DR, DIN)
                     kkh, kkl = _outer(kr, kr, BN, DR, DT)
                     s2 = _moment_dot(ab, am, al, kkh, kkl, s2, PREC)
             elif PREC >= 1:
@@ -590,8 +615,8 @@ def _lla_bwd_q(Q, K, V, G, LAM, Y, LSE, DQ, NU, ROWS, DLAM, ITS, CM, MOM, T, sca
             nu = _direct_solve(s2, asum, kbar, lam, h, D, DR, BM)
         it = tl.full([], 0, tl.int32)
     else:
-        nu, it = _cg_solve(h, q, kbar, lse2, lam, dinv, Kb, offs_m, offs_d, hi, T, sc2, tol2, max_iter,
-                           D, BN, JACOBI, PREC, PREC >= 3)
+        nu, it = _cg_solve(h, q, kbar, lse2, lam, dinv, Kb, sk_t, offs_m, offs_d, hi, T, sc2, tol2, max_iter,
+                           D, BN, JACOBI, PREC, PREC >= 3, DIN)
     yb, yl, yl2 = _split3(y, DT)
     nb, nl = _hi_lo(nu, DT)
     if PREC >= 1:
@@ -609,9 +634,8 @@ def _lla_bwd_q(Q, K, V, G, LAM, Y, LSE, DQ, NU, ROWS, DLAM, ITS, CM, MOM, T, sca
     psum = tl.zeros([BM], tl.float32)
     for start in range(0, hi, BN):
         offs_n = start + tl.arange(0, BN)
-        kv_off = offs_n[:, None] * D + offs_d[None, :]
-        k = tl.load(Kb + kv_off, mask=offs_n[:, None] < T, other=0.0)
-        v = tl.load(Vb + kv_off, mask=offs_n[:, None] < T, other=0.0)
+        k = _tile(Kb, offs_n, T, sk_t, offs_d, DIN)
+        v = _tile(Vb, offs_n, T, sv_t, offs_d, DIN)
         a = tl.math.exp2(_scores(q, k, offs_m, offs_n, T, sc2) - lse2[:, None])
         gam = tl.dot(g, tl.trans(v))
         yk_j = tl.dot(yb, tl.trans(k))
@@ -628,7 +652,7 @@ def _lla_bwd_q(Q, K, V, G, LAM, Y, LSE, DQ, NU, ROWS, DLAM, ITS, CM, MOM, T, sca
         acc = tl.dot(pb, k, acc)
         psum += tl.sum(pb.to(tl.float32), 1)
     dq = nu + scale * (acc - psum[:, None] * kbar)
-    tl.store(DQ + row_off, dq.to(DT), mask=rmask[:, None])
+    _put(_head(DQ, bh, NH, so_b, so_h), offs_m, T, so_t, offs_d, dq.to(DT), DIN)
     tl.store(NU + row_off, nu, mask=rmask[:, None])
     rows = ROWS + (bh * T + offs_m) * 4
     tl.store(rows, yk, mask=rmask)
@@ -640,8 +664,9 @@ def _lla_bwd_q(Q, K, V, G, LAM, Y, LSE, DQ, NU, ROWS, DLAM, ITS, CM, MOM, T, sca
 
 
 @triton.jit
-def _lla_bwd_kv(Q, K, V, G, Y, NU, LSE, ROWS, DK, DV, T, scale, sc2,
-                D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr):
+def _lla_bwd_kv(Q, K, V, G, Y, NU, LSE, ROWS, DK, DV, T, scale, sc2, NH,
+                sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sv_b, sv_h, sv_t, sg_b, sg_h, sg_t, so_b, so_h, so_t,
+                D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr, DIN: tl.constexpr):
     """Per key tile: dv = Σ_i a ψ g_i; dk = Σ_i scale P q_i - a ψ ν_i + a (f - Γ + Γ̄) y_i.
 
     PREC >= 1: y and ν (in e and f) and the dv weights a ψ go through the matmuls as hi + lo (PREC 3: y in three
@@ -651,10 +676,9 @@ def _lla_bwd_kv(Q, K, V, G, Y, NU, LSE, ROWS, DK, DV, T, scale, sc2,
     bh = tl.program_id(1).to(tl.int64)
     offs_n = pid_n * BN + tl.arange(0, BN)
     offs_d = tl.arange(0, D)
-    cmask = offs_n < T
-    col_off = bh * T * D + offs_n[:, None] * D + offs_d[None, :]
-    k = tl.load(K + col_off, mask=cmask[:, None], other=0.0)
-    v = tl.load(V + col_off, mask=cmask[:, None], other=0.0)
+    k = _tile(_head(K, bh, NH, sk_b, sk_h), offs_n, T, sk_t, offs_d, DIN)
+    v = _tile(_head(V, bh, NH, sv_b, sv_h), offs_n, T, sv_t, offs_d, DIN)
+    Qb, Gb = _head(Q, bh, NH, sq_b, sq_h), _head(G, bh, NH, sg_b, sg_h)
     DT = k.dtype
     dk = tl.zeros([BN, D], tl.float32)
     dv = tl.zeros([BN, D], tl.float32)
@@ -662,9 +686,9 @@ def _lla_bwd_kv(Q, K, V, G, Y, NU, LSE, ROWS, DK, DV, T, scale, sc2,
     for start in range(start_m, T, BM):
         offs_m = start + tl.arange(0, BM)
         rmask = offs_m < T
-        row_off = bh * T * D + offs_m[:, None] * D + offs_d[None, :]
-        q = tl.load(Q + row_off, mask=rmask[:, None], other=0.0)
-        g = tl.load(G + row_off, mask=rmask[:, None], other=0.0)
+        row_off = bh * T * D + offs_m[:, None] * D + offs_d[None, :]   # y and ν: (B·H, T, D)
+        q = _tile(Qb, offs_m, T, sq_t, offs_d, DIN)
+        g = _tile(Gb, offs_m, T, sg_t, offs_d, DIN)
         yb, yl, yl2 = _split3(tl.load(Y + row_off, mask=rmask[:, None], other=0.0), DT)
         nb, nl = _hi_lo(tl.load(NU + row_off, mask=rmask[:, None], other=0.0), DT)
         lse2 = tl.load(LSE + bh * T + offs_m, mask=rmask, other=0.0)
@@ -693,13 +717,37 @@ def _lla_bwd_kv(Q, K, V, G, Y, NU, LSE, ROWS, DK, DV, T, scale, sc2,
         dk = tl.dot(tl.trans((p * scale).to(DT)), q, dk)
         dk = tl.dot(tl.trans(-apsi_b), nb, dk)
         dk = tl.dot(tl.trans((a * (f - dl)).to(DT)), yb, dk)
-    tl.store(DK + col_off, dk.to(DT), mask=cmask[:, None])
-    tl.store(DV + col_off, dv.to(DT), mask=cmask[:, None])
+    _put(_head(DK, bh, NH, so_b, so_h), offs_n, T, so_t, offs_d, dk.to(DT), DIN)
+    _put(_head(DV, bh, NH, so_b, so_h), offs_n, T, so_t, offs_d, dv.to(DT), DIN)
 
 
-def _pad_dim(x, dp):
-    d = x.shape[-1]
-    return x if d == dp else torch.nn.functional.pad(x, (0, dp - d))
+def padded_dim(D: int) -> int:
+    """The kernels' width for a head of D dims: the next power of two, at least 16 (``tl.dot``'s least K)."""
+    return max(16, 1 << (D - 1).bit_length())
+
+
+def _heads4(t):
+    """(B, H, T, D) with a unit last stride as it is, else made so; (BH, T, D) as (1, BH, T, D)."""
+    t = t if t.dim() == 4 else t.unsqueeze(0)
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _strides(t):
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+def _out_like(t4, three_d: bool):
+    """An output for inputs like t4 (B, H, T, D): for (BH, T, D) callers (B = 1) contiguous as theirs, else (B, H, T, D)
+    stored as (B, T, H, D), so that merging the heads is a view and a (B, T, H, D) producer's gradient is too."""
+    B, H, T, D = t4.shape
+    return torch.empty_like(t4, memory_format=torch.contiguous_format) if three_d else \
+        torch.empty(B, T, H, D, device=t4.device, dtype=t4.dtype).transpose(1, 2)
+
+
+def _ridge_rows(lam, B, H, T):
+    """λ as a (B, H, T) float32 view (a per-head λ broadcast with zero strides, nothing copied); (BH, T) as (1, BH, T)."""
+    lam = lam.to(torch.float32)
+    return lam.unsqueeze(0) if lam.dim() == 2 else lam.broadcast_to(B, H, T)
 
 
 # The explicit solve's forward and query-pass kernels at 3 stages (heads of at most 8, padded to 16): on the H200
@@ -734,7 +782,10 @@ def _iter_cap(max_iter, prec, Dp):
 
 def lla_forward(q, k, v, lam, scale, tol, max_iter, jacobi, cfg=None, store_y=True, prec=None, dr=None,
                 onepass=None, cm=None, mom=None):
-    """q, k, v: (BH, T, Dp) contiguous, Dp a power of two >= 16; lam: (BH, T) fp32.
+    """q, k, v: (B, H, T, D) at any strides with a unit last one (a projection's head views), read at their width D
+    and zero-padded in registers to ``padded_dim(D)``; or (BH, T, D) contiguous. lam: λ per row, (BH, T), or
+    broadcastable to (B, H, T) (a per-head λ is read through zero strides). The output is (B, H, T, D) stored as
+    (B, T, H, D) (``_out_like``; (BH, T, D) for (BH, T, D) inputs).
 
     ``prec`` (default: ``precision_level(lam.min())``) is the precision level; the backward must get the same.
     ``dr``: solve directly (``_direct_solve``) over the first ``dr`` head dims (4 or 8; the others zero), else CG;
@@ -742,11 +793,16 @@ def lla_forward(q, k, v, lam, scale, tol, max_iter, jacobi, cfg=None, store_y=Tr
     the output from them, without the output pass; and ``cm`` (a (BH, T, dr·dr) fp32 tensor, optional) receives
     each row's C for the backward (``lla_backward(cm=...)``); ``mom`` (a (BH, T, dr·dr + 2·dr) fp32 tensor, with
     ``cm`` and the one-pass output) receives each row's Σ_VK, k̄ and v̄ for the backward (``lla_backward(mom=...)``).
-    Returns o, y (fp32), lse (log2-sum-exp per row), and the CG iterations per query tile (0: direct)."""
-    BH, T, Dp = q.shape
+    Returns o, y (fp32, (BH, T, padded_dim(D))), lse (log2-sum-exp per row), and the CG iterations per query tile
+    (0: direct)."""
+    three_d = q.dim() == 3
+    q4, k4, v4 = (_heads4(t) for t in (q, k, v))
+    B, H, T, D = q4.shape
+    BH, Dp = B * H, padded_dim(D)
+    lam4 = _ridge_rows(lam, B, H, T)
     prec = precision_level(float(lam.min())) if prec is None else int(prec)
     BM, BN, nw, ns = _cfg("fwd", Dp, cfg, direct=dr is not None)
-    o = torch.empty_like(q)
+    o = _out_like(q4, three_d)
     y = torch.empty(BH, T, Dp, device=q.device, dtype=torch.float32) if store_y else torch.empty(1, device=q.device)
     lse = torch.empty(BH, T, device=q.device, dtype=torch.float32)
     n_m = triton.cdiv(T, BM)
@@ -754,11 +810,12 @@ def lla_forward(q, k, v, lam, scale, tol, max_iter, jacobi, cfg=None, store_y=Tr
     _check_cm(cm, BH, T, dr)
     onepass = dr is not None and (DEFAULTS["onepass"] if onepass is None else bool(onepass))
     _check_mom(mom, cm, BH, T, dr, onepass)
-    _lla_fwd[(n_m, BH)](q, k, v, lam, o, y, lse, its, lse if cm is None else cm, lse if mom is None else mom, T,
-                        scale * LOG2E, tol * tol, _iter_cap(max_iter, prec, Dp), D=Dp, BM=BM, BN=BN, JACOBI=jacobi,
+    _lla_fwd[(n_m, BH)](q4, k4, v4, lam4, o, y, lse, its, lse if cm is None else cm, lse if mom is None else mom, T,
+                        scale * LOG2E, tol * tol, _iter_cap(max_iter, prec, Dp), H, *_strides(q4), *_strides(k4),
+                        *_strides(v4), *_strides(o), *_strides(lam4), D=Dp, BM=BM, BN=BN, JACOBI=jacobi,
                         STORE_Y=store_y, PREC=prec, DR=dr or 4, DIRECT=dr is not None, ONEPASS=onepass,
-                        STORE_C=cm is not None, STORE_M=mom is not None, num_warps=nw, num_stages=ns)
-    return o, y, lse, its
+                        STORE_C=cm is not None, STORE_M=mom is not None, DIN=D, num_warps=nw, num_stages=ns)
+    return (o[0] if three_d else o), y, lse, its
 
 
 def _check_cm(cm, BH, T, dr):
@@ -777,13 +834,18 @@ def _check_mom(mom, cm, BH, T, dr, onepass=True):
 
 def lla_backward(q, k, v, g, lam, y, lse, scale, tol, max_iter, jacobi, cfg=None, prec=None, dr=None, cm=None,
                  mom=None):
-    """Returns dq, dk, dv, dλ (fp32, (BH, T)) and the CG iterations per query tile (``prec``, ``dr`` as the
-    forward's; ``cm``: the forward's C, from ``lla_forward(cm=...)``, else C is summed again; ``mom``: the forward's
-    Σ_VK, k̄, v̄, from ``lla_forward(mom=...)``, else h is summed over the keys)."""
+    """Returns dq, dk, dv (laid out as ``lla_forward``'s output), dλ (fp32, (BH, T)) and the CG iterations per query
+    tile (inputs as ``lla_forward``'s, g like the output; ``prec``, ``dr`` as the forward's; ``cm``: the forward's
+    C, from ``lla_forward(cm=...)``, else C is summed again; ``mom``: the forward's Σ_VK, k̄, v̄, from
+    ``lla_forward(mom=...)``, else h is summed over the keys)."""
     prec = precision_level(float(lam.min())) if prec is None else int(prec)
-    BH, T, Dp = q.shape
+    three_d = q.dim() == 3
+    q4, k4, v4, g4 = (_heads4(t) for t in (q, k, v, g))
+    B, H, T, D = q4.shape
+    BH, Dp = B * H, padded_dim(D)
+    lam4 = _ridge_rows(lam, B, H, T)
     BM, BN, nw, ns = _cfg("bwd_q", Dp, cfg, direct=dr is not None)
-    dq = torch.empty_like(q)
+    dq, dk, dv = (_out_like(q4, three_d) for _ in range(3))
     nu = torch.empty(BH, T, Dp, device=q.device, dtype=torch.float32)
     rows = torch.empty(BH, T, 4, device=q.device, dtype=torch.float32)
     dlam = torch.empty(BH, T, device=q.device, dtype=torch.float32)
@@ -791,16 +853,30 @@ def lla_backward(q, k, v, g, lam, y, lse, scale, tol, max_iter, jacobi, cfg=None
     its = torch.empty(BH, n_m, device=q.device, dtype=torch.int32)
     _check_cm(cm, BH, T, dr)
     _check_mom(mom, cm, BH, T, dr)
-    _lla_bwd_q[(n_m, BH)](q, k, v, g, lam, y, lse, dq, nu, rows, dlam, its, lse if cm is None else cm,
+    io = (*_strides(q4), *_strides(k4), *_strides(v4), *_strides(g4), *_strides(dq))
+    _lla_bwd_q[(n_m, BH)](q4, k4, v4, g4, lam4, y, lse, dq, nu, rows, dlam, its, lse if cm is None else cm,
                           lse if mom is None else mom, T, scale, scale * LOG2E, tol * tol, _iter_cap(max_iter, prec, Dp),
-                          D=Dp, BM=BM, BN=BN, JACOBI=jacobi, PREC=prec, DR=dr or 4, DIRECT=dr is not None,
-                          LOAD_C=cm is not None, LOAD_M=mom is not None, num_warps=nw, num_stages=ns)
+                          H, *io, *_strides(lam4), D=Dp, BM=BM, BN=BN, JACOBI=jacobi, PREC=prec, DR=dr or 4,
+                          DIRECT=dr is not None, LOAD_C=cm is not None, LOAD_M=mom is not None, DIN=D,
+                          num_warps=nw, num_stages=ns)
     BM, BN, nw, ns = _cfg("bwd_kv", Dp, cfg)
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
-    _lla_bwd_kv[(triton.cdiv(T, BN), BH)](q, k, v, g, y, nu, lse, rows, dk, dv, T, scale, scale * LOG2E,
-                                          D=Dp, BM=BM, BN=BN, PREC=prec, num_warps=nw, num_stages=ns)
+    _lla_bwd_kv[(triton.cdiv(T, BN), BH)](q4, k4, v4, g4, y, nu, lse, rows, dk, dv, T, scale, scale * LOG2E, H, *io,
+                                          D=Dp, BM=BM, BN=BN, PREC=prec, DIN=D, num_warps=nw, num_stages=ns)
+    if three_d:
+        dq, dk, dv = dq[0], dk[0], dv[0]
     return dq, dk, dv, dlam, its
+
+
+def padded_heads() -> bool:
+    """Whether ``lla`` hands the kernels zero-padded contiguous (B·H, T, padded width) copies of the heads, λ and the
+    output gradient, as it did before they read strides (``MIXZOO_LLA_HEADS=padded``, to time one against the
+    other), instead of the heads as they come (``strided``, the default)."""
+    return os.environ.get("MIXZOO_LLA_HEADS") == "padded"
+
+
+def _padded_copy(t, Dp):
+    B, H, T, D = t.shape
+    return torch.nn.functional.pad(t, (0, Dp - D)).reshape(B * H, T, Dp).contiguous()
 
 
 class LLAFunction(torch.autograd.Function):
@@ -809,12 +885,15 @@ class LLAFunction(torch.autograd.Function):
         B, H, T, D = q.shape
         dr = direct_dims(D, solve)
         dtype = q.dtype if q.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
-        Dp = max(16, 1 << (D - 1).bit_length())
-        qq, kk, vv = (_pad_dim(t.to(dtype), Dp).reshape(B * H, T, Dp).contiguous() for t in (q, k, v))
-        if torch.is_tensor(ridge):
-            lam = ridge.detach().to(torch.float32).broadcast_to(B, H, T).reshape(B * H, T).contiguous()
+        pad = padded_heads()
+        # the heads as they come (the kernels read them through their strides at their width, padded in registers)
+        qq, kk, vv = (_padded_copy(t.to(dtype), padded_dim(D)) if pad else _heads4(t.to(dtype)) for t in (q, k, v))
+        if torch.is_tensor(ridge):                # (B, H, T) through zero strides where λ is per head: no copy
+            lam = ridge.detach().to(torch.float32).broadcast_to(B, H, T)
         else:
-            lam = torch.full((B * H, T), float(ridge), device=q.device, dtype=torch.float32)
+            lam = torch.full((1, 1, 1), float(ridge), device=q.device, dtype=torch.float32).expand(B, H, T)
+        if pad:
+            lam = lam.reshape(B * H, T).contiguous()
         if prec is None:                          # a float ridge needs no device sync
             prec = precision_level(float(lam.min()) if torch.is_tensor(ridge) else float(ridge))
         if dr is not None:
@@ -833,18 +912,17 @@ class LLAFunction(torch.autograd.Function):
         ctx.meta = (B, H, T, D, scale, tol, max_iter, jacobi, cfg, prec, dr, q.dtype,
                     ridge.shape if torch.is_tensor(ridge) else None)
         ctx.fwd_iters = its
-        out = o.reshape(B, H, T, Dp)[..., :D]
-        return out.to(q.dtype)
+        ctx.pad = pad
+        return (o.reshape(B, H, T, -1)[..., :D] if pad else o).to(q.dtype)
 
     @staticmethod
     def backward(ctx, grad_o):
         qq, kk, vv, lam, y, lse, cm, mom = ctx.saved_tensors
         B, H, T, D, scale, tol, max_iter, jacobi, cfg, prec, dr, in_dtype, ridge_shape = ctx.meta
-        Dp = qq.shape[-1]
-        g = _pad_dim(grad_o.to(qq.dtype), Dp).reshape(B * H, T, Dp).contiguous()
+        g = _padded_copy(grad_o.to(qq.dtype), qq.shape[-1]) if ctx.pad else _heads4(grad_o.to(qq.dtype))
         dq, dk, dv, dlam, _ = lla_backward(qq, kk, vv, g, lam, y, lse, scale, tol, max_iter, jacobi, cfg, prec, dr,
                                            cm=cm, mom=mom)
-        grads = [t.reshape(B, H, T, Dp)[..., :D].to(in_dtype) for t in (dq, dk, dv)]
+        grads = [(t.reshape(B, H, T, -1)[..., :D] if ctx.pad else t).to(in_dtype) for t in (dq, dk, dv)]
         dridge = None
         if ridge_shape is not None and ctx.needs_input_grad[3]:
             dridge = dlam.reshape(B, H, T)
@@ -854,6 +932,12 @@ class LLAFunction(torch.autograd.Function):
 
 def lla(q, k, v, *, ridge, scale=None, tol=None, max_iter=None, jacobi=None, cfg=None, prec=None, solve=None):
     """Causal LLA on (B, H, T, D) CUDA tensors (bf16/fp16; fp32 inputs run in bf16) -> (B, H, T, D).
+
+    The kernels read q, k, v and the output gradient through their strides (any, with a unit last one: the heads
+    as views of a (B, T, 3C) projection are taken as they are) at the head's width, zero-padded in registers to
+    ``padded_dim(D)``, and write the output and dq, dk, dv as (B, H, T, D) views of (B, T, H, D) tensors; a λ per
+    head is read through zero strides. ``MIXZOO_LLA_HEADS=padded`` hands them padded contiguous copies instead (as
+    before; the same numbers bit for bit, tests/test_lla_kernel_interpret.py).
 
     ``ridge`` is λ: a float or a tensor broadcastable to (B, H, T); it gets a gradient when it requires one.
     ``tol`` (relative CG residual), ``max_iter`` and ``jacobi`` default to ``DEFAULTS``; ``prec`` (the precision
