@@ -241,4 +241,4 @@ def test_off_the_gpu_softmax_keeps_its_ops(monkeypatch, capsys):
     monkeypatch.setenv("MIXZOO_QKV_PROLOGUE", "bad")                 # bad input: one line, exit code 2
     assert main(["tasks"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["mixzoo: error: MIXZOO_QKV_PROLOGUE='bad'; allowed: fused, torch (or unset)"], err
+    assert err == ["mixzoo: error: MIXZOO_QKV_PROLOGUE='bad'; allowed: torch, fused (or unset)"], err

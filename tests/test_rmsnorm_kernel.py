@@ -195,11 +195,10 @@ def test_kernels_against_float64_and_folded_under_vmap():
 def test_a_stacked_run_with_the_kernels_gives_each_run_s_numbers():
     r = _run(TRAINING, {"MIXZOO_EAGER_KERNELS": "1"})        # the separate (eager) runs take the kernels too
     assert r.pop("eager default") is None, r
-    # softmax's q, k, v by the prologue kernel (rotation included)
-    want = {"softmax": ["parallax_prologue_triton", "rmsnorm_triton", "swiglu_triton"],
+    want = {"softmax": ["rmsnorm_triton", "rope_triton", "swiglu_triton"],
             "gdn": ["causal_conv_triton", "rmsnorm_triton", "swiglu_triton"]}
     # each run's result names them (gdn's recurrent scan, mixzoo.kernels.recurrent, too)
-    recorded = {"softmax": "qkv_prologue,rmsnorm,swiglu", "gdn": "causal_conv,delta_rec,rmsnorm,swiglu"}
+    recorded = {"softmax": "rmsnorm,rope,swiglu", "gdn": "causal_conv,delta_rec,rmsnorm,swiglu"}
     for mixer, res in r.items():
         assert res["kernels"] == want[mixer], (mixer, res)
         assert res["recorded"] == [recorded[mixer]] * 4, (mixer, res)

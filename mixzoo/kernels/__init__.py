@@ -26,12 +26,15 @@ PARALLAX_TILES = ("mixzoo", "fla")
 # Parallax's stacked+graphed K = 6 step 1.16-1.26x on an H100, 2026-12-06, benchmarks/calls-2026-12-06d) or the layer's
 # separate rotation and norm kernels, cast and copies ("torch")
 PARALLAX_PROLOGUE = ("fused", "torch")
-# softmax attention's and LLA's q, k, v (parallax_prologue.qkv_prologue, models.common.qkv_heads): that kernel without r, one pass
-# each way ("fused", the default), or the split views, two rotation kernels and backward the concatenation ("torch")
-QKV_PROLOGUE = ("fused", "torch")
-# LLA's kernels: the heads read where they lie through their strides, unpadded ("strided", the default), or handed
-# zero-padded contiguous (B·H, T, 16) copies as before ("padded"; the same numbers bit for bit)
-LLA_HEADS = ("strided", "padded")
+# softmax attention's and LLA's q, k, v (parallax_prologue.qkv_prologue, models.common.qkv_heads): the split views,
+# two rotation kernels and backward the concatenation ("torch", the default), or that kernel without r, one pass each
+# way ("fused": on the H200 0.95-0.99x softmax's stacked+graphed K = 6 step at MAD's lengths, benchmarks/calls-2026-12-06e;
+# its (B, T, H, D) q and k are read by the attention kernels at a head's stride)
+QKV_PROLOGUE = ("torch", "fused")
+# LLA's kernels: the heads at their width with each head's rows contiguous, copied so where they are not ("contiguous",
+# the default), read where they lie through their strides ("strided"), or zero-padded contiguous (B·H, T, 16) copies
+# as before ("padded"); the same numbers bit for bit (lla.triton_lla.heads_mode)
+LLA_HEADS = ("contiguous", "strided", "padded")
 # Mamba-2's scan at value heads narrower than fla's 64, on a GPU: mamba-ssm's Triton SSD (mamba_chunk_scan_combined)
 # where installed and matched on the device, or mixzoo's chunked form (torch-chunk); the first is the default
 MAMBA_SSD = ("mamba-ssm", "torch-chunk")

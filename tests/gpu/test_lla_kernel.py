@@ -200,9 +200,10 @@ def test_direct_solve_h_from_forward(lam, monkeypatch):
 
 @pytest.mark.parametrize("B,T", [(768, 1024), (768, 128)])
 def test_strided_heads_bit_for_bit_the_padded_copies(B, T, monkeypatch):
-    """The heads of 8 as views of a (B, T, 3·128) projection, λ per head through zero strides, against the padded
-    contiguous copies the kernels took before (``MIXZOO_LLA_HEADS=padded``): the output and the gradients of the
-    projection and of λ equal bit for bit; the two timed side by side (forward+backward, the copies included).
+    """The heads of 8 as views of a (B, T, 3·128) projection, λ per head through zero strides, handed over contiguous
+    per head (the default) and as they lie, against the padded contiguous copies the kernels took before
+    (``MIXZOO_LLA_HEADS=padded``): the output and the gradients of the projection and of λ equal bit for bit; the three
+    timed side by side (forward+backward, the copies included).
     B = 768 is the stacked step's batch (6 models x 128) of MAD's shape."""
     import triton.testing
     H, D = 16, 8
@@ -217,10 +218,11 @@ def test_strided_heads_bit_for_bit_the_padded_copies(B, T, monkeypatch):
         q, k, v = (t.view(B, T, H, D).transpose(1, 2) for t in qkv.chunk(3, dim=-1))
         o = lla(q, k, v, ridge=lam.expand(B, -1, 1)).transpose(1, 2).reshape(B, T, H * D)
         return [o] + list(torch.autograd.grad(o, (qkv, lam), go))
-    a, b = run("strided"), run("padded")
-    for name, x, y in zip(("o", "dqkv", "dlam"), a, b):
-        assert x.shape == y.shape and torch.equal(x, y), name
-    t_s = triton.testing.do_bench(lambda: run("strided"), warmup=5, rep=60, return_mode="median")
-    t_p = triton.testing.do_bench(lambda: run("padded"), warmup=5, rep=60, return_mode="median")
-    print(f"\nlla B={B} T={T} heads of 8, forward+backward: strided {t_s:.3f} ms, padded copies {t_p:.3f} ms "
-          f"({t_p / t_s:.2f}x)")
+    modes = ("contiguous", "strided", "padded")
+    res = {m: run(m) for m in modes}
+    for m in modes[:2]:
+        for name, x, y in zip(("o", "dqkv", "dlam"), res[m], res["padded"]):
+            assert x.shape == y.shape and torch.equal(x, y), (m, name)
+    t = {m: triton.testing.do_bench(lambda m=m: run(m), warmup=5, rep=60, return_mode="median") for m in modes}
+    print(f"\nlla B={B} T={T} heads of 8, forward+backward ms: " + ", ".join(f"{m} {v:.3f}" for m, v in t.items())
+          + f" (padded / contiguous {t['padded'] / t['contiguous']:.2f}x)")

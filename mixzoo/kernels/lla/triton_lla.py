@@ -79,6 +79,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .. import LLA_HEADS
+
 LOG2E = 1.4426950408889634
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) per padded head dim, for the three kernels. Measured at T=4096,
@@ -867,11 +869,22 @@ def lla_backward(q, k, v, g, lam, y, lse, scale, tol, max_iter, jacobi, cfg=None
     return dq, dk, dv, dlam, its
 
 
-def padded_heads() -> bool:
-    """Whether ``lla`` hands the kernels zero-padded contiguous (B·H, T, padded width) copies of the heads, λ and the
-    output gradient, as it did before they read strides (``MIXZOO_LLA_HEADS=padded``, to time one against the
-    other), instead of the heads as they come (``strided``, the default)."""
-    return os.environ.get("MIXZOO_LLA_HEADS") == "padded"
+def heads_mode() -> str:
+    """How ``lla`` hands the kernels q, k, v and the output gradient (``MIXZOO_LLA_HEADS``): ``contiguous`` (the
+    default), each head's rows contiguous at the head's width, (B, H, T, D), copied so only where they are not (a
+    projection's views); ``strided``, as they lie; ``padded``, zero-padded (B·H, T, padded width) copies, λ
+    materialized per row, as before the kernels read strides. The kernels read q, k, v and g once per tile of the
+    other side, so their layout is read many times: on the H200 (2026-12-06, stacked+graphed K = 6 at MAD's shape,
+    benchmarks/calls-2026-12-06e) the strided (B, T, H, D) views made the step 0.84x at length 1024."""
+    mode = os.environ.get("MIXZOO_LLA_HEADS") or LLA_HEADS[0]
+    return mode if mode in LLA_HEADS else LLA_HEADS[0]
+
+
+def _as_mode(t, mode: str, Dp: int):
+    if mode == "padded":
+        return _padded_copy(t, Dp)
+    t = _heads4(t)
+    return t.contiguous() if mode == "contiguous" else t
 
 
 def _padded_copy(t, Dp):
@@ -885,9 +898,10 @@ class LLAFunction(torch.autograd.Function):
         B, H, T, D = q.shape
         dr = direct_dims(D, solve)
         dtype = q.dtype if q.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
-        pad = padded_heads()
-        # the heads as they come (the kernels read them through their strides at their width, padded in registers)
-        qq, kk, vv = (_padded_copy(t.to(dtype), padded_dim(D)) if pad else _heads4(t.to(dtype)) for t in (q, k, v))
+        mode = heads_mode()
+        pad = mode == "padded"
+        # the heads at their width (padded in registers), read through their strides (``heads_mode``)
+        qq, kk, vv = (_as_mode(t.to(dtype), mode, padded_dim(D)) for t in (q, k, v))
         if torch.is_tensor(ridge):                # (B, H, T) through zero strides where λ is per head: no copy
             lam = ridge.detach().to(torch.float32).broadcast_to(B, H, T)
         else:
@@ -912,14 +926,14 @@ class LLAFunction(torch.autograd.Function):
         ctx.meta = (B, H, T, D, scale, tol, max_iter, jacobi, cfg, prec, dr, q.dtype,
                     ridge.shape if torch.is_tensor(ridge) else None)
         ctx.fwd_iters = its
-        ctx.pad = pad
+        ctx.pad, ctx.mode = pad, mode
         return (o.reshape(B, H, T, -1)[..., :D] if pad else o).to(q.dtype)
 
     @staticmethod
     def backward(ctx, grad_o):
         qq, kk, vv, lam, y, lse, cm, mom = ctx.saved_tensors
         B, H, T, D, scale, tol, max_iter, jacobi, cfg, prec, dr, in_dtype, ridge_shape = ctx.meta
-        g = _padded_copy(grad_o.to(qq.dtype), qq.shape[-1]) if ctx.pad else _heads4(grad_o.to(qq.dtype))
+        g = _as_mode(grad_o.to(qq.dtype), ctx.mode, qq.shape[-1])
         dq, dk, dv, dlam, _ = lla_backward(qq, kk, vv, g, lam, y, lse, scale, tol, max_iter, jacobi, cfg, prec, dr,
                                            cm=cm, mom=mom)
         grads = [(t.reshape(B, H, T, -1)[..., :D] if ctx.pad else t).to(in_dtype) for t in (dq, dk, dv)]
@@ -937,7 +951,8 @@ def lla(q, k, v, *, ridge, scale=None, tol=None, max_iter=None, jacobi=None, cfg
     as views of a (B, T, 3C) projection are taken as they are) at the head's width, zero-padded in registers to
     ``padded_dim(D)``, and write the output and dq, dk, dv as (B, H, T, D) views of (B, T, H, D) tensors; a λ per
     head is read through zero strides. ``MIXZOO_LLA_HEADS=padded`` hands them padded contiguous copies instead (as
-    before; the same numbers bit for bit, tests/test_lla_kernel_interpret.py).
+    before; the same numbers bit for bit, tests/test_lla_kernel_interpret.py), and ``contiguous`` (the default) copies
+    a head's rows together where they are not (``heads_mode``).
 
     ``ridge`` is λ: a float or a tensor broadcastable to (B, H, T); it gets a gradient when it requires one.
     ``tol`` (relative CG residual), ``max_iter`` and ``jacobi`` default to ``DEFAULTS``; ``prec`` (the precision
