@@ -354,12 +354,12 @@ print("RESULT", json.dumps(out))
 
 def test_strided_unpadded_heads_bit_for_bit_the_padded_copies():
     """The kernels read q, k, v (and the output gradient) through their strides at the head's width, zero-padded in
-    registers, and write the output and dq, dk, dv as (B, T, H, D): the layer hands over views of its projection
-    (copied per head where ``heads_mode`` says so) and nothing is padded in memory. Against the padded contiguous
+    registers, and write the output and dq, dk, dv as (B, T, H, D): handed views of the projection (copied per head
+    where ``heads_mode`` says so), nothing is padded in memory. Against the padded contiguous
     (B·H, T, 16) copies they were called with before: the output and the gradients of q, k, v and λ equal bit for
     bit, at a head of 8 (explicit solve, λ per head), 5 (explicit solve over 8 dims with 3 masked, λ per token) and
     24 (CG, padded to 32); and so does ``lla`` with each way of handing the heads over (``MIXZOO_LLA_HEADS``:
-    contiguous per head, the default; strided; the padded copies)."""
+    the padded copies, the default; contiguous per head; strided)."""
     r = _result(STRIDED, timeout=600)
     for case, res in r.items():
         assert res["max_abs_diff"] == [0.0] * 5, (case, res)

@@ -31,10 +31,10 @@ PARALLAX_PROLOGUE = ("fused", "torch")
 # way ("fused": on the H200 0.95-0.99x softmax's stacked+graphed K = 6 step at MAD's lengths, benchmarks/calls-2026-12-06e;
 # its (B, T, H, D) q and k are read by the attention kernels at a head's stride)
 QKV_PROLOGUE = ("torch", "fused")
-# LLA's kernels: the heads at their width with each head's rows contiguous, copied so where they are not ("contiguous",
-# the default), read where they lie through their strides ("strided"), or zero-padded contiguous (B·H, T, 16) copies
-# as before ("padded"); the same numbers bit for bit (lla.triton_lla.heads_mode)
-LLA_HEADS = ("contiguous", "strided", "padded")
+# LLA's kernels: zero-padded contiguous (B·H, T, 16) copies of the heads ("padded", the default: the fastest measured),
+# the heads at their width contiguous per head, copied so where they are not ("contiguous"), or read where they lie
+# through their strides ("strided"); the same numbers (lla.triton_lla.heads_mode)
+LLA_HEADS = ("padded", "contiguous", "strided")
 # Mamba-2's scan at value heads narrower than fla's 64, on a GPU: mamba-ssm's Triton SSD (mamba_chunk_scan_combined)
 # where installed and matched on the device, or mixzoo's chunked form (torch-chunk); the first is the default
 MAMBA_SSD = ("mamba-ssm", "torch-chunk")

@@ -895,12 +895,14 @@ def lla_backward(q, k, v, g, lam, y, lse, scale, tol, max_iter, jacobi, cfg=None
 
 
 def heads_mode() -> str:
-    """How ``lla`` hands the kernels q, k, v and the output gradient (``MIXZOO_LLA_HEADS``): ``contiguous`` (the
-    default), each head's rows contiguous at the head's width, (B, H, T, D), copied so only where they are not (a
-    projection's views); ``strided``, as they lie; ``padded``, zero-padded (B·H, T, padded width) copies, λ
-    materialized per row, as before the kernels read strides. The kernels read q, k, v and g once per tile of the
-    other side, so their layout is read many times: on the H200 (2026-12-06, stacked+graphed K = 6 at MAD's shape,
-    benchmarks/calls-2026-12-06e) the strided (B, T, H, D) views made the step 0.84x at length 1024."""
+    """How ``lla`` hands the kernels q, k, v and the output gradient (``MIXZOO_LLA_HEADS``): ``padded`` (the default),
+    zero-padded (B·H, T, padded width) copies, λ materialized per row; ``contiguous``, each head's rows contiguous at
+    the head's width, (B, H, T, D), copied so only where they are not (a projection's views), λ per head through zero
+    strides, the output and gradients written as (B, T, H, D); ``strided``, as they lie. The kernels read q, k, v and
+    g once per tile of the other side. Timed on GPUs (benchmarks/calls-2026-12-06e, stacked+graphed K = 6 at MAD's
+    shape) before the strides came in units of the rows' alignment (``_io_strides``): rows of 8 were then read element
+    by element and the step at length 1024 was 0.84x (strided, H200) and 0.89x (contiguous, H100) the padded copies'.
+    With the alignment the three compile to the same loads (tests/test_kernels_compile.py); not timed since."""
     mode = os.environ.get("MIXZOO_LLA_HEADS") or LLA_HEADS[0]
     return mode if mode in LLA_HEADS else LLA_HEADS[0]
 
@@ -972,12 +974,12 @@ class LLAFunction(torch.autograd.Function):
 def lla(q, k, v, *, ridge, scale=None, tol=None, max_iter=None, jacobi=None, cfg=None, prec=None, solve=None):
     """Causal LLA on (B, H, T, D) CUDA tensors (bf16/fp16; fp32 inputs run in bf16) -> (B, H, T, D).
 
-    The kernels read q, k, v and the output gradient through their strides (any, with a unit last one: the heads
-    as views of a (B, T, 3C) projection are taken as they are) at the head's width, zero-padded in registers to
-    ``padded_dim(D)``, and write the output and dq, dk, dv as (B, H, T, D) views of (B, T, H, D) tensors; a λ per
-    head is read through zero strides. ``MIXZOO_LLA_HEADS=padded`` hands them padded contiguous copies instead (as
-    before; the same numbers bit for bit, tests/test_lla_kernel_interpret.py), and ``contiguous`` (the default) copies
-    a head's rows together where they are not (``heads_mode``).
+    The kernels read q, k, v and the output gradient through their strides (any, with a unit last one) at the head's
+    width, zero-padded in registers to ``padded_dim(D)``. How they are handed over is ``heads_mode``
+    (``MIXZOO_LLA_HEADS``): by default zero-padded contiguous copies (the fastest measured); ``contiguous`` or
+    ``strided`` take the heads at their width (views of a (B, T, 3C) projection copied per head, or as they are), read
+    a λ per head through zero strides and write the output and dq, dk, dv as (B, H, T, D) views of (B, T, H, D)
+    tensors; the same numbers (bit for bit in the interpreter, tests/test_lla_kernel_interpret.py).
 
     ``ridge`` is λ: a float or a tensor broadcastable to (B, H, T); it gets a gradient when it requires one.
     ``tol`` (relative CG residual), ``max_iter`` and ``jacobi`` default to ``DEFAULTS``; ``prec`` (the precision

@@ -1,0 +1,72 @@
+"""How the attention and LLA kernels load a head of 8, from their PTX for the H200 (sm_90), compiled on this machine
+without a GPU: the load instructions of one kernel, with its integer arguments specialized as Triton's launcher does
+(1 becomes a constant, multiples of 16 are marked divisible by 16), for the strides its launcher passes at MAD's shape
+(768 sequences, 16 heads of 8, length 1024).
+
+A stride of 8 elements is not known to keep a row of 8 bf16 values 16-byte aligned, and the compiler then reads each
+row element by element (ld.global.b16) with no cp.async pipelining; where the strides are known aligned the same rows
+load as one 16-byte vector (ld.global.v4.b32) through cp.async. LLA's launchers pass their strides in units of the
+rows' alignment since 2026-12-06 (``triton_lla._io_strides``; tests/test_kernels_compile.py holds it); the attention
+kernels' launch (``kernels/attn.py``) passes them as they are. Usage: python benchmarks/ptx_loads.py"""
+from __future__ import annotations
+
+import collections
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+
+def loads(fn, consts: dict, ints: dict, floats=(), pointer_types: dict | None = None) -> collections.Counter:
+    consts, sig, attrs = dict(consts), {}, {}
+    for i, n in enumerate(fn.arg_names):
+        if n in consts:
+            sig[n] = "constexpr"
+        elif n in ints and ints[n] == 1:
+            sig[n], consts[n] = "constexpr", 1
+        elif n in ints:
+            sig[n] = "i32"
+            if ints[n] % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        elif n in floats:
+            sig[n] = "fp32"
+        else:
+            sig[n] = (pointer_types or {}).get(n, "*bf16")
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    ptx = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+                         target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    return collections.Counter(re.findall(r"(?:ld\.global|cp\.async\.c[ag]\.shared\.global)[.\w]*", ptx))
+
+
+def attention_forward():
+    from mixzoo.kernels import attn as AT
+    from mixzoo.kernels import attn_triton as A
+    H, T, D = 16, 1024, 8
+    consts = dict(D=D, DP=AT._dp(D), BM=AT.TILES["fwd"][0], BN=AT.TILES["fwd"][1])
+    names = ["sqb", "sqh", "sqt", "skb", "skh", "skt", "svb", "svh", "svt"]
+    cases = {
+        # softmax's default: q, k from the rotation kernel, contiguous (B, H, T, 8); v a view of the projection
+        "softmax's launch (q, k contiguous per head, v a view of qkv)":
+            (H * T * D, T * D, D, H * T * D, T * D, D, T * 3 * H * D, D, 3 * H * D),
+        "the same rows with strides in multiples of 16": (H * T * 16, T * 16, 16) * 3,
+    }
+    for name, st in cases.items():
+        print(f"attention forward, {name}: {dict(loads(A._fwd_kernel, consts, dict(zip(names, st)) | dict(T=T, H=H), ('sc2',), {'LSE': '*fp32'}))}")
+
+
+if __name__ == "__main__":
+    attention_forward()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from test_kernels_compile import _lla_launch                   # LLA's launchers' own arguments
+    for kernel in ("fwd", "bwd_q", "bwd_kv"):
+        for layout in ("padded", "contiguous", "strided"):
+            fn, sig, consts, attrs = _lla_launch(kernel, layout)
+            ptx = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+                                 target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+            c = collections.Counter(re.findall(r"(?:ld\.global|cp\.async\.c[ag]\.shared\.global)[.\w]*", ptx))
+            print(f"lla {kernel}, heads {layout}: {dict(c)}")
