@@ -7,7 +7,8 @@ A stride of 8 elements is not known to keep a row of 8 bf16 values 16-byte align
 row element by element (ld.global.b16) with no cp.async pipelining; where the strides are known aligned the same rows
 load as one 16-byte vector (ld.global.v4.b32) through cp.async. LLA's launchers pass their strides in units of the
 rows' alignment since 2026-12-06 (``triton_lla._io_strides``; tests/test_kernels_compile.py holds it); the attention
-kernels' launch (``kernels/attn.py``) passes them as they are. Usage: python benchmarks/ptx_loads.py"""
+kernels' launch (``kernels/attn.py``) passes them as they are unless ``MIXZOO_ATTN_STRIDES=aligned``.
+Usage: python benchmarks/ptx_loads.py"""
 from __future__ import annotations
 
 import collections
@@ -55,8 +56,12 @@ def attention_forward():
             (H * T * D, T * D, D, H * T * D, T * D, D, T * 3 * H * D, D, 3 * H * D),
         "the same rows with strides in multiples of 16": (H * T * 16, T * 16, 16) * 3,
     }
-    for name, st in cases.items():
-        print(f"attention forward, {name}: {dict(loads(A._fwd_kernel, consts, dict(zip(names, st)) | dict(T=T, H=H), ('sc2',), {'LSE': '*fp32'}))}")
+    for aligned in (False, True):
+        for name, st in cases.items():
+            vec, st = AT.aligned_strides(st) if aligned else (1, list(st))
+            c = loads(A._fwd_kernel, consts | dict(VEC=vec), dict(zip(names, st)) | dict(T=T, H=H), ("sc2",),
+                      {"LSE": "*fp32"})
+            print(f"attention forward, {name}{', MIXZOO_ATTN_STRIDES=aligned' if aligned else ''}: {dict(c)}")
 
 
 if __name__ == "__main__":

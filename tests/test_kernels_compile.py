@@ -37,15 +37,15 @@ def _cases():
         c = dict(D=hd, DP=AT._dp(hd))
         out += [(f"attention fwd D={hd}", A._fwd_kernel,
                  dict(Q=P("bf16"), K=P("bf16"), V=P("bf16"), OUT=P("bf16"), LSE=P("fp32"), T="i32", H="i32",
-                      sc2="fp32", **strides("q", "k", "v")), dict(**c, BM=AT.TILES["fwd"][0], BN=AT.TILES["fwd"][1])),
+                      sc2="fp32", **strides("q", "k", "v")), dict(**c, BM=AT.TILES["fwd"][0], BN=AT.TILES["fwd"][1], VEC=8)),
                 (f"attention delta D={hd}", A._delta_kernel,
                  dict(OUT=P("bf16"), DO=P("bf16"), DELTA=P("fp32"), T="i32", H="i32", sdb="i32", sdt="i32", sdh="i32"),
-                 dict(**c, BT=128)),
+                 dict(**c, BT=128, VEC=8)),
                 *[(f"attention {n} D={hd}", fn,
                    dict(Q=P("bf16"), K=P("bf16"), V=P("bf16"), DO=P("bf16"), LSE=P("fp32"), DELTA=P("fp32"),
                         **({"DK": P("bf16"), "DV": P("bf16")} if n == "dkdv" else {"DQ": P("bf16")}), T="i32",
                         H="i32", sc2="fp32", scale="fp32", **strides("q", "k", "v", "d")),
-                   dict(**c, BM=AT.TILES[n][0], BN=AT.TILES[n][1])) for n, fn in (("dkdv", A._dkdv_kernel),
+                   dict(**c, BM=AT.TILES[n][0], BN=AT.TILES[n][1], VEC=8)) for n, fn in (("dkdv", A._dkdv_kernel),
                                                                                  ("dq", A._dq_kernel))]]
     for (BC, K, V), form in [(s, f) for s in ((64, 64, 16), (16, 128, 32)) for f in D.FORMS]:
         # the mad recipe's Mamba-2; the widest state; each product form
@@ -187,3 +187,29 @@ def test_lla_heads_of_8_load_in_vectors(kernel):
     assert want and not any(".b16" in op or ".u16" in op for op in want), want
     for layout in ("contiguous", "strided"):
         assert loads(layout) == want, (layout, loads(layout), want)
+
+
+def test_softmax_attention_aligned_strides_load_in_vectors(monkeypatch):
+    """softmax's attention launch at MAD's heads of 8 (q, k contiguous per head from the rotation kernel, v a view of
+    the (B, T, 384) projection) with ``MIXZOO_ATTN_STRIDES=aligned`` compiles its forward to the loads of rows known
+    16-byte aligned (16-byte vectors through cp.async), as for strides in multiples of 16; as they are (the default
+    until timed) the rows load element by element (benchmarks/ptx_loads.py)."""
+    sys_path = __import__("sys").path
+    sys_path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1] / "benchmarks"))
+    import ptx_loads as PL
+
+    from mixzoo.kernels import attn as AT
+    from mixzoo.kernels import attn_triton as A
+    H, T, D = 16, 1024, 8
+    names = ["sqb", "sqh", "sqt", "skb", "skh", "skt", "svb", "svh", "svt"]
+    launch = (H * T * D, T * D, D, H * T * D, T * D, D, T * 3 * H * D, D, 3 * H * D)
+
+    def loads(strides):
+        vec, st = AT._strides(strides)
+        consts = dict(D=D, DP=AT._dp(D), BM=AT.TILES["fwd"][0], BN=AT.TILES["fwd"][1], VEC=vec)
+        return PL.loads(A._fwd_kernel, consts, dict(zip(names, st)) | dict(T=T, H=H), ("sc2",), {"LSE": "*fp32"})
+    plain = loads(launch)
+    assert any(".b16" in op for op in plain), plain
+    want = loads((H * T * 16, T * 16, 16) * 3)
+    monkeypatch.setenv("MIXZOO_ATTN_STRIDES", "aligned")
+    assert loads(launch) == want and not any(".b16" in op for op in want), (loads(launch), want)

@@ -35,6 +35,10 @@ QKV_PROLOGUE = ("torch", "fused")
 # the heads at their width contiguous per head, copied so where they are not ("contiguous"), or read where they lie
 # through their strides ("strided"); the same numbers (lla.triton_lla.heads_mode)
 LLA_HEADS = ("padded", "contiguous", "strided")
+# softmax's attention kernels: the heads' strides passed as they are ("plain", the default), or in units of the rows'
+# alignment ("aligned", ``aligned_strides``: a head of 8 then loads as 16-byte vectors through cp.async where as they
+# are its rows load element by element, benchmarks/ptx_loads.py; not yet timed on a GPU)
+ATTN_STRIDES = ("plain", "aligned")
 # Mamba-2's scan at value heads narrower than fla's 64, on a GPU: mamba-ssm's Triton SSD (mamba_chunk_scan_combined)
 # where installed and matched on the device, or mixzoo's chunked form (torch-chunk); the first is the default
 MAMBA_SSD = ("mamba-ssm", "torch-chunk")
@@ -96,7 +100,7 @@ NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS, "MIXZOO_ATTN": ATTN_CHOICES, "MI
                   "MIXZOO_LLA_H": LLA_H,
                   "MIXZOO_LLA_DIRECT_PREC": LLA_DIRECT_PREC, "MIXZOO_PARALLAX_TILES": PARALLAX_TILES,
                   "MIXZOO_PARALLAX_PROLOGUE": PARALLAX_PROLOGUE, "MIXZOO_QKV_PROLOGUE": QKV_PROLOGUE,
-                  "MIXZOO_LLA_HEADS": LLA_HEADS, "MIXZOO_SSD_DOT": SSD_FORMS,
+                  "MIXZOO_LLA_HEADS": LLA_HEADS, "MIXZOO_ATTN_STRIDES": ATTN_STRIDES, "MIXZOO_SSD_DOT": SSD_FORMS,
                   "MIXZOO_MAMBA_SSD": MAMBA_SSD, "MIXZOO_MAMBA_SSD_FOLD": MAMBA_SSD_FOLD, "MIXZOO_MESA_FOLD": MESA_FOLD,
                   "MIXZOO_CONV_FOLD": CONV_FOLDS, "MIXZOO_CONV_BWD": CONV_BWD, "MIXZOO_CONV_FWD": CONV_FWD,
                   "MIXZOO_ATTN_TILES": ATTN_TILES, "MIXZOO_FLA_PAD": FLA_PAD, "MIXZOO_GDN": REC_CORE, "MIXZOO_GLA_CORE": REC_CORE,
@@ -105,6 +109,17 @@ NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS, "MIXZOO_ATTN": ATTN_CHOICES, "MI
                   "MIXZOO_HYENA_OP": HYENA_OP, "MIXZOO_HYENA_FFT_PAD": HYENA_FFT_PAD,
                   "MIXZOO_HYENA_LAYOUT": HYENA_LAYOUT, "MIXZOO_HYENA_FFT_SCALE": HYENA_FFT_SCALE,
                   **GLA_SWITCHES}
+
+
+def aligned_strides(strides) -> tuple[int, list[int]]:
+    """(VEC, the strides in units of VEC): VEC the largest power of two up to 16 dividing every stride. A kernel that
+    multiplies them back by VEC as a constexpr knows each row it reads starts VEC-aligned: Triton's launcher marks
+    integers divisible by 16 only, so a stride of 8 passed as it is leaves a head of 8 bf16 values read element by
+    element, without cp.async (benchmarks/ptx_loads.py; LLA's step at length 1024 0.84-0.89x, 2026-12-06)."""
+    vec = 16
+    while vec > 1 and any(s % vec for s in strides):
+        vec //= 2
+    return vec, [s // vec for s in strides]
 
 
 def switch_error() -> str | None:

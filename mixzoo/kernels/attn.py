@@ -21,7 +21,7 @@ import os
 
 import torch
 
-from . import ATTN_CHOICES, enabled
+from . import ATTN_CHOICES, aligned_strides, enabled
 from ._check import DeviceCheck, interpreting, matches
 
 MAX_DIM = 16
@@ -55,17 +55,23 @@ def _unit_last(t):
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+def _strides(strides) -> tuple[int, list[int]]:
+    """(VEC, the strides in units of VEC) with ``MIXZOO_ATTN_STRIDES=aligned`` (``kernels.aligned_strides``: the
+    kernels then know a head's rows are VEC-aligned and load them in vectors), else (1, as they are), the default
+    until timed on a GPU."""
+    return aligned_strides(strides) if os.environ.get("MIXZOO_ATTN_STRIDES") == "aligned" else (1, list(strides))
+
+
 def _launch_fwd(q, k, v, scale, tiles):
     from . import attn_triton as A
     B, H, T, D = q.shape
     o = torch.empty(B, T, H, D, dtype=q.dtype, device=q.device)
     lse = torch.empty(B * H, T, dtype=torch.float32, device=q.device)
     BM, BN, w, st = tiles["fwd"]
-    A._fwd_kernel[(_cdiv(T, BM), B * H)](
-        q, k, v, o, lse, T, H, scale * math.log2(math.e),
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        D=D, DP=_dp(D), BM=BM, BN=BN, num_warps=w, num_stages=st)
+    vec, strides = _strides((q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+                             v.stride(0), v.stride(1), v.stride(2)))
+    A._fwd_kernel[(_cdiv(T, BM), B * H)](q, k, v, o, lse, T, H, scale * math.log2(math.e), *strides,
+                                         D=D, DP=_dp(D), BM=BM, BN=BN, VEC=vec, num_warps=w, num_stages=st)
     return o, lse
 
 
@@ -74,18 +80,18 @@ def _launch_bwd(q, k, v, o, lse, do, scale, tiles):
     B, H, T, D = q.shape
     delta = torch.empty(B * H, T, dtype=torch.float32, device=q.device)
     BT = 128
-    A._delta_kernel[(B * H, _cdiv(T, BT))](o, do, delta, T, H, do.stride(0), do.stride(2), do.stride(1),
-                                                 D=D, DP=_dp(D), BT=BT)
+    dvec, dstrides = _strides((do.stride(0), do.stride(2), do.stride(1)))
+    A._delta_kernel[(B * H, _cdiv(T, BT))](o, do, delta, T, H, *dstrides, D=D, DP=_dp(D), BT=BT, VEC=dvec)
     dq, dk, dv = (torch.empty(B, T, H, D, dtype=t.dtype, device=q.device) for t in (q, k, v))
-    strides = (q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-               v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2))
+    vec, strides = _strides((q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+                             v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2)))
     sc2 = scale * math.log2(math.e)
     BM, BN, w, st = tiles["dkdv"]
     A._dkdv_kernel[(_cdiv(T, BN), B * H)](q, k, v, do, lse, delta, dk, dv, T, H, sc2, scale, *strides,
-                                                D=D, DP=_dp(D), BM=BM, BN=BN, num_warps=w, num_stages=st)
+                                                D=D, DP=_dp(D), BM=BM, BN=BN, VEC=vec, num_warps=w, num_stages=st)
     BM, BN, w, st = tiles["dq"]
     A._dq_kernel[(_cdiv(T, BM), B * H)](q, k, v, do, lse, delta, dq, T, H, sc2, scale, *strides,
-                                              D=D, DP=_dp(D), BM=BM, BN=BN, num_warps=w, num_stages=st)
+                                              D=D, DP=_dp(D), BM=BM, BN=BN, VEC=vec, num_warps=w, num_stages=st)
     return tuple(t.transpose(1, 2) for t in (dq, dk, dv))
 
 

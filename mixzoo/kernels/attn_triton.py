@@ -23,8 +23,11 @@ def _load_rows(X, rows, T, offs_d, D: tl.constexpr, st):
 @triton.jit
 def _fwd_kernel(Q, K, V, OUT, LSE, T, H, sc2,
                 sqb, sqh, sqt, skb, skh, skt, svb, svh, svt,
-                D: tl.constexpr, DP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
-    """One tile of BM query rows of one (sequence, head): o (B, T, H, D) contiguous, LSE (B·H, T) base 2."""
+                D: tl.constexpr, DP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, VEC: tl.constexpr):
+    """One tile of BM query rows of one (sequence, head): o (B, T, H, D) contiguous, LSE (B·H, T) base 2. The strides
+    come in units of VEC elements (``attn._launch_fwd``)."""
+    sqb, sqh, sqt, skb, skh, skt = sqb * VEC, sqh * VEC, sqt * VEC, skb * VEC, skh * VEC, skt * VEC
+    svb, svh, svt = svb * VEC, svh * VEC, svt * VEC
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)       # longest rows first
     bh = tl.program_id(1)
     b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)
@@ -68,8 +71,11 @@ def _fwd_kernel(Q, K, V, OUT, LSE, T, H, sc2,
 
 
 @triton.jit
-def _delta_kernel(OUT, DO, DELTA, T, H, sdb, sdt, sdh, D: tl.constexpr, DP: tl.constexpr, BT: tl.constexpr):
-    """δ = rowsum(o ∘ do) in float32, into (B·H, T); o (B, T, H, D) contiguous, do at strides (sdb, sdt, sdh, 1)."""
+def _delta_kernel(OUT, DO, DELTA, T, H, sdb, sdt, sdh, D: tl.constexpr, DP: tl.constexpr, BT: tl.constexpr,
+                  VEC: tl.constexpr):
+    """δ = rowsum(o ∘ do) in float32, into (B·H, T); o (B, T, H, D) contiguous, do at strides (sdb, sdt, sdh, 1)
+    in units of VEC."""
+    sdb, sdt, sdh = sdb * VEC, sdt * VEC, sdh * VEC
     bh, tb = tl.program_id(0), tl.program_id(1)
     b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)
     t = tb * BT + tl.arange(0, BT)
@@ -101,8 +107,10 @@ def _dkdv_tile(k, v, Qb, DOb, LSEb, DELb, start, offs_n, T, sqt, sdt, sc2, dk, d
 @triton.jit
 def _dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, T, H, sc2, scale,
                  sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt,
-                 D: tl.constexpr, DP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+                 D: tl.constexpr, DP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, VEC: tl.constexpr):
     """One tile of BN keys of one (sequence, head) over the queries at and after it: dk, dv (B, T, H, D)."""
+    sqb, sqh, sqt, skb, skh, skt = sqb * VEC, sqh * VEC, sqt * VEC, skb * VEC, skh * VEC, skt * VEC
+    svb, svh, svt, sdb, sdh, sdt = svb * VEC, svh * VEC, svt * VEC, sdb * VEC, sdh * VEC, sdt * VEC
     pid_n = tl.program_id(0)                          # (the first key tiles see the most queries)
     bh = tl.program_id(1)
     b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)
@@ -142,8 +150,10 @@ def _dq_tile(q, do, lse, dl, Kb, Vb, start, offs_m, T, skt, svt, sc2, dq, offs_d
 @triton.jit
 def _dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, T, H, sc2, scale,
                sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdb, sdh, sdt,
-               D: tl.constexpr, DP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+               D: tl.constexpr, DP: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, VEC: tl.constexpr):
     """One tile of BM query rows of one (sequence, head) over its causal prefix: dq (B, T, H, D)."""
+    sqb, sqh, sqt, skb, skh, skt = sqb * VEC, sqh * VEC, sqt * VEC, skb * VEC, skh * VEC, skt * VEC
+    svb, svh, svt, sdb, sdh, sdt = svb * VEC, svh * VEC, svt * VEC, sdb * VEC, sdh * VEC, sdt * VEC
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0)
     bh = tl.program_id(1)
     b, h = (bh // H).to(tl.int64), (bh % H).to(tl.int64)

@@ -80,3 +80,30 @@ def test_softmax_layer_with_the_kernels(monkeypatch):
     errs = [_rel(a, b) for a, b in zip(t[1:], s[1:])]
     print(f"softmax layer, kernels against SDPA: output {errs[0]:.2e}, dx {errs[1]:.2e}, dW_qkv {errs[2]:.2e}")
     assert errs[0] < 1e-2 and errs[1] < 2e-2 and errs[2] < 2e-2, errs
+
+
+@pytest.mark.parametrize("B,T", [(768, 1024), (768, 128)])
+def test_aligned_strides_equal_plain_timed(B, T, monkeypatch):
+    """``MIXZOO_ATTN_STRIDES=aligned`` (the strides in units of the rows' alignment, so heads of 8 load as vectors)
+    against the strides as they are, at softmax's launch (q, k rotated and contiguous per head, v a view of the
+    projection): the output and the gradients equal up to float32's summation order; forward+backward timed side by
+    side."""
+    from mixzoo.kernels import attn
+    H, D = 16, 8
+    g = torch.Generator(device="cuda").manual_seed(3)
+    qkv0 = torch.randn(B, T, 3 * H * D, device="cuda", generator=g).bfloat16()
+    do = torch.randn(B, H, T, D, device="cuda", generator=g).bfloat16()
+
+    def run(mode):
+        monkeypatch.setenv("MIXZOO_ATTN_STRIDES", mode)
+        qkv = qkv0.clone().requires_grad_()
+        q, k, v = (t.unflatten(-1, (H, D)).transpose(1, 2) for t in qkv.chunk(3, -1))
+        q, k = q.contiguous(), k.contiguous()                  # as the rotation kernel writes them
+        o = attn.attention(q, k, v)
+        return [o] + list(torch.autograd.grad(o, qkv, do))
+    a, b = run("aligned"), run("plain")
+    for name, x, y in zip(("o", "dqkv"), a, b):
+        assert _rel(x, y) < 1e-3, name
+    t = {m: _ms(lambda m=m: run(m)) for m in ("aligned", "plain")}
+    print(f"\nattention B={B} T={T} heads of 8, forward+backward: aligned {t['aligned']:.3f} ms, plain {t['plain']:.3f} ms "
+          f"({t['plain'] / t['aligned']:.2f}x)")

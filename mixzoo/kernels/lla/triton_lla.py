@@ -79,7 +79,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import LLA_HEADS
+from .. import LLA_HEADS, aligned_strides
 
 LOG2E = 1.4426950408889634
 
@@ -750,15 +750,9 @@ def _strides(t):
 
 
 def _io_strides(*ts) -> tuple[int, list[int]]:
-    """(VEC, the (b, h, t) strides of each tensor in units of VEC): VEC the largest power of two up to 16 dividing them
-    all, so that the kernels, multiplying back by it as a constexpr, know each row's alignment and load it in vectors
-    (a stride of 8 passed as is is not known to be even: Triton specializes integers on divisibility by 16, and
-    without it the rows of a head of 8 were read element by element, 0.84-0.89x the step at length 1024)."""
-    ss = [s for t in ts for s in _strides(t)]
-    vec = 16
-    while vec > 1 and any(s % vec for s in ss):
-        vec //= 2
-    return vec, [s // vec for s in ss]
+    """(VEC, the (b, h, t) strides of each tensor in units of VEC): ``mixzoo.kernels.aligned_strides``; without it the
+    rows of a head of 8 were read element by element, 0.84-0.89x the step at length 1024 (``heads_mode``)."""
+    return aligned_strides([s for t in ts for s in _strides(t)])
 
 
 def _out_like(t4, three_d: bool):
