@@ -11,37 +11,13 @@ kernels' launch (``kernels/attn.py``) passes them as they are unless ``MIXZOO_AT
 Usage: python benchmarks/ptx_loads.py"""
 from __future__ import annotations
 
-import collections
-import re
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
-import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
-
-
-def loads(fn, consts: dict, ints: dict, floats=(), pointer_types: dict | None = None) -> collections.Counter:
-    consts, sig, attrs = dict(consts), {}, {}
-    for i, n in enumerate(fn.arg_names):
-        if n in consts:
-            sig[n] = "constexpr"
-        elif n in ints and ints[n] == 1:
-            sig[n], consts[n] = "constexpr", 1
-        elif n in ints:
-            sig[n] = "i32"
-            if ints[n] % 16 == 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-        elif n in floats:
-            sig[n] = "fp32"
-        else:
-            sig[n] = (pointer_types or {}).get(n, "*bf16")
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    ptx = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
-                         target=GPUTarget("cuda", 90, 32)).asm["ptx"]
-    return collections.Counter(re.findall(r"(?:ld\.global|cp\.async\.c[ag]\.shared\.global)[.\w]*", ptx))
+from test_kernels_compile import lla_launch, ptx_loads  # noqa: E402  (the tests' own launch arguments)
 
 
 def attention_forward():
@@ -59,19 +35,13 @@ def attention_forward():
     for aligned in (False, True):
         for name, st in cases.items():
             vec, st = AT.aligned_strides(st) if aligned else (1, list(st))
-            c = loads(A._fwd_kernel, consts | dict(VEC=vec), dict(zip(names, st)) | dict(T=T, H=H), ("sc2",),
-                      {"LSE": "*fp32"})
+            c = ptx_loads(A._fwd_kernel, consts | dict(VEC=vec), dict(zip(names, st)) | dict(T=T, H=H), ("sc2",),
+                          {"LSE": "*fp32"})
             print(f"attention forward, {name}{', MIXZOO_ATTN_STRIDES=aligned' if aligned else ''}: {dict(c)}")
 
 
 if __name__ == "__main__":
     attention_forward()
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from test_kernels_compile import _lla_launch                   # LLA's launchers' own arguments
     for kernel in ("fwd", "bwd_q", "bwd_kv"):
         for layout in ("padded", "contiguous", "strided"):
-            fn, sig, consts, attrs = _lla_launch(kernel, layout)
-            ptx = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
-                                 target=GPUTarget("cuda", 90, 32)).asm["ptx"]
-            c = collections.Counter(re.findall(r"(?:ld\.global|cp\.async\.c[ag]\.shared\.global)[.\w]*", ptx))
-            print(f"lla {kernel}, heads {layout}: {dict(c)}")
+            print(f"lla {kernel}, heads {layout}: {dict(ptx_loads(*lla_launch(kernel, layout)))}")

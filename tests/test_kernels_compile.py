@@ -114,11 +114,40 @@ def test_kernel_compiles_for_the_h200(name, fn, sig, consts):
     assert k.asm.get("cubin"), name
 
 
-def _lla_launch(kernel: str, layout: str):
-    """The signature, constexprs and divisibility attributes LLA's launchers give one of its kernels for a stacked step
-    at MAD's shape (B = 768 sequences, 16 heads of 8, T = 1024, λ per head), the heads handed over ``layout``:
-    ``padded`` (B·H, T, 16) copies, ``contiguous`` (B, H, T, 8), ``strided`` views of a (B, T, 3·128) projection.
-    Integers are specialized as Triton's launcher does: 1 becomes a constant, multiples of 16 are marked so."""
+def ptx_loads(fn, consts: dict, ints: dict, floats=(), pointers: dict | None = None):
+    """The load instructions (global loads and cp.async copies, by kind) of ``fn`` compiled for sm_90 with its integer
+    arguments ``ints`` specialized as Triton's launcher does (1 becomes a constant, multiples of 16 are marked
+    divisible by 16), ``floats`` the fp32 scalars, every other argument a 16-byte aligned pointer (bf16 unless
+    ``pointers`` says)."""
+    import collections
+    import re
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    consts, sig, attrs = dict(consts), {}, {}
+    for i, n in enumerate(fn.arg_names):
+        if n in consts:
+            sig[n] = "constexpr"
+        elif n in ints and ints[n] == 1:
+            sig[n], consts[n] = "constexpr", 1
+        elif n in ints:
+            sig[n] = "i32"
+            if ints[n] % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        elif n in floats:
+            sig[n] = "fp32"
+        else:
+            sig[n] = (pointers or {}).get(n, "*bf16")
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    ptx = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
+                         target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    return collections.Counter(re.findall(r"(?:ld\.global|cp\.async\.c[ag]\.shared\.global)[.\w]*", ptx))
+
+
+def lla_launch(kernel: str, layout: str):
+    """``ptx_loads``' arguments for one of LLA's kernels as its launchers call it for a stacked step at MAD's shape
+    (B = 768 sequences, 16 heads of 8, T = 1024, λ per head), the heads handed over ``layout``: ``padded`` (B·H, T,
+    16) copies, ``contiguous`` (B, H, T, 8), ``strided`` views of a (B, T, 3·128) projection."""
     import torch
 
     from mixzoo.kernels.lla import triton_lla as L
@@ -145,23 +174,8 @@ def _lla_launch(kernel: str, layout: str):
     consts |= dict(JACOBI=False, DR=8, DIRECT=True) if kernel != "bwd_kv" else {}
     consts |= dict(STORE_Y=True, ONEPASS=True, STORE_C=True, STORE_M=True) if kernel == "fwd" else {}
     consts |= dict(LOAD_C=True, LOAD_M=True) if kernel == "bwd_q" else {}
-    sig, attrs = {}, {}
-    for i, n in enumerate(fn.arg_names):
-        if n in consts:
-            sig[n] = "constexpr"
-        elif n in ints and ints[n] == 1:
-            sig[n], consts[n] = "constexpr", 1
-        elif n in ints:
-            sig[n] = "i32"
-            if ints[n] % 16 == 0:
-                attrs[(i,)] = [["tt.divisibility", 16]]
-        elif n in ("sc2", "tol2", "scale"):
-            sig[n] = "fp32"
-        else:                                               # a pointer
-            sig[n] = ("*bf16" if n in ("Q", "K", "V", "G", "OUT", "DQ", "DK", "DV") else
-                      "*i32" if n == "ITS" else "*fp32")
-            attrs[(i,)] = [["tt.divisibility", 16]]
-    return fn, sig, consts, attrs
+    fp32 = {n: "*fp32" for n in fn.arg_names if n not in ("Q", "K", "V", "G", "OUT", "DQ", "DK", "DV")} | {"ITS": "*i32"}
+    return fn, consts, ints, ("sc2", "tol2", "scale"), fp32
 
 
 @pytest.mark.parametrize("kernel", ["fwd", "bwd_q", "bwd_kv"])
@@ -172,17 +186,8 @@ def test_lla_heads_of_8_load_in_vectors(kernel):
     and the compiler read each row element by element without cp.async (ld.global.b16), 0.84-0.89x the training step
     at length 1024 on an H200 and an H100 (benchmarks/calls-2026-12-06e); the strides now come in units of the rows'
     alignment (``triton_lla._io_strides``)."""
-    import collections
-    import re
-
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     def loads(layout):
-        fn, sig, consts, attrs = _lla_launch(kernel, layout)
-        ptx = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=consts, attrs=attrs),
-                             target=GPUTarget("cuda", 90, 32)).asm["ptx"]
-        return collections.Counter(re.findall(r"(?:ld\.global|cp\.async\.c[ag]\.shared\.global)[.\w]*", ptx))
+        return ptx_loads(*lla_launch(kernel, layout))
     want = loads("padded")
     assert want and not any(".b16" in op or ".u16" in op for op in want), want
     for layout in ("contiguous", "strided"):
@@ -194,10 +199,6 @@ def test_softmax_attention_aligned_strides_load_in_vectors(monkeypatch):
     the (B, T, 384) projection) with ``MIXZOO_ATTN_STRIDES=aligned`` compiles its forward to the loads of rows known
     16-byte aligned (16-byte vectors through cp.async), as for strides in multiples of 16; as they are (the default
     until timed) the rows load element by element (benchmarks/ptx_loads.py)."""
-    sys_path = __import__("sys").path
-    sys_path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1] / "benchmarks"))
-    import ptx_loads as PL
-
     from mixzoo.kernels import attn as AT
     from mixzoo.kernels import attn_triton as A
     H, T, D = 16, 1024, 8
@@ -207,7 +208,7 @@ def test_softmax_attention_aligned_strides_load_in_vectors(monkeypatch):
     def loads(strides):
         vec, st = AT._strides(strides)
         consts = dict(D=D, DP=AT._dp(D), BM=AT.TILES["fwd"][0], BN=AT.TILES["fwd"][1], VEC=vec)
-        return PL.loads(A._fwd_kernel, consts, dict(zip(names, st)) | dict(T=T, H=H), ("sc2",), {"LSE": "*fp32"})
+        return ptx_loads(A._fwd_kernel, consts, dict(zip(names, st)) | dict(T=T, H=H), ("sc2",), {"LSE": "*fp32"})
     plain = loads(launch)
     assert any(".b16" in op for op in plain), plain
     want = loads((H * T * 16, T * 16, 16) * 3)
