@@ -947,7 +947,7 @@ class LLAFunction(torch.autograd.Function):
         ctx.meta = (B, H, T, D, scale, tol, max_iter, jacobi, cfg, prec, dr, q.dtype,
                     ridge.shape if torch.is_tensor(ridge) else None)
         ctx.fwd_iters = its
-        ctx.pad, ctx.mode = pad, mode
+        ctx.mode = mode
         return (o.reshape(B, H, T, -1)[..., :D] if pad else o).to(q.dtype)
 
     @staticmethod
@@ -957,7 +957,7 @@ class LLAFunction(torch.autograd.Function):
         g = _as_mode(grad_o.to(qq.dtype), ctx.mode, qq.shape[-1])
         dq, dk, dv, dlam, _ = lla_backward(qq, kk, vv, g, lam, y, lse, scale, tol, max_iter, jacobi, cfg, prec, dr,
                                            cm=cm, mom=mom)
-        grads = [(t.reshape(B, H, T, -1)[..., :D] if ctx.pad else t).to(in_dtype) for t in (dq, dk, dv)]
+        grads = [(t.reshape(B, H, T, -1)[..., :D] if ctx.mode == "padded" else t).to(in_dtype) for t in (dq, dk, dv)]
         dridge = None
         if ridge_shape is not None and ctx.needs_input_grad[3]:
             dridge = dlam.reshape(B, H, T)
