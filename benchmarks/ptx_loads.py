@@ -7,7 +7,7 @@ A stride of 8 elements is not known to keep a row of 8 bf16 values 16-byte align
 row element by element (ld.global.b16) with no cp.async pipelining; where the strides are known aligned the same rows
 load as one 16-byte vector (ld.global.v4.b32) through cp.async. LLA's launchers pass their strides in units of the
 rows' alignment since 2026-12-06 (``triton_lla._io_strides``; tests/test_kernels_compile.py holds it); the attention
-kernels' launch (``kernels/attn.py``) passes them as they are unless ``MIXZOO_ATTN_STRIDES=aligned``.
+kernels' launch (``kernels/attn.py``) too, by default (``MIXZOO_ATTN_STRIDES=plain`` passes them as they are).
 Usage: python benchmarks/ptx_loads.py"""
 from __future__ import annotations
 

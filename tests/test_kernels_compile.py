@@ -196,9 +196,9 @@ def test_lla_heads_of_8_load_in_vectors(kernel):
 
 def test_softmax_attention_aligned_strides_load_in_vectors(monkeypatch):
     """softmax's attention launch at MAD's heads of 8 (q, k contiguous per head from the rotation kernel, v a view of
-    the (B, T, 384) projection) with ``MIXZOO_ATTN_STRIDES=aligned`` compiles its forward to the loads of rows known
-    16-byte aligned (16-byte vectors through cp.async), as for strides in multiples of 16; as they are (the default
-    until timed) the rows load element by element (benchmarks/ptx_loads.py)."""
+    the (B, T, 384) projection) with ``MIXZOO_ATTN_STRIDES=aligned`` (the default) compiles its forward to the loads of
+    rows known 16-byte aligned (16-byte vectors through cp.async), as for strides in multiples of 16; as they are
+    (``plain``) the rows load element by element (benchmarks/ptx_loads.py)."""
     from mixzoo.kernels import attn as AT
     from mixzoo.kernels import attn_triton as A
     H, T, D = 16, 1024, 8
@@ -209,8 +209,9 @@ def test_softmax_attention_aligned_strides_load_in_vectors(monkeypatch):
         vec, st = AT._strides(strides)
         consts = dict(D=D, DP=AT._dp(D), BM=AT.TILES["fwd"][0], BN=AT.TILES["fwd"][1], VEC=vec)
         return ptx_loads(A._fwd_kernel, consts, dict(zip(names, st)) | dict(T=T, H=H), ("sc2",), {"LSE": "*fp32"})
+    monkeypatch.setenv("MIXZOO_ATTN_STRIDES", "plain")
     plain = loads(launch)
     assert any(".b16" in op for op in plain), plain
     want = loads((H * T * 16, T * 16, 16) * 3)
-    monkeypatch.setenv("MIXZOO_ATTN_STRIDES", "aligned")
+    monkeypatch.delenv("MIXZOO_ATTN_STRIDES")          # the default
     assert loads(launch) == want and not any(".b16" in op for op in want), (loads(launch), want)

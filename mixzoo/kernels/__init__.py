@@ -35,10 +35,11 @@ QKV_PROLOGUE = ("torch", "fused")
 # the heads at their width contiguous per head, copied so where they are not ("contiguous"), or read where they lie
 # through their strides ("strided"); the same numbers (lla.triton_lla.heads_mode)
 LLA_HEADS = ("padded", "contiguous", "strided")
-# softmax's attention kernels: the heads' strides passed as they are ("plain", the default), or in units of the rows'
-# alignment ("aligned", ``aligned_strides``: a head of 8 then loads as 16-byte vectors through cp.async where as they
-# are its rows load element by element, benchmarks/ptx_loads.py; not yet timed on a GPU)
-ATTN_STRIDES = ("plain", "aligned")
+# softmax's attention kernels: the heads' strides in units of the rows' alignment ("aligned", the default,
+# ``aligned_strides``: a head of 8 then loads as 16-byte vectors through cp.async; softmax's stacked+graphed K = 6
+# step 1.08-1.13x at MAD's lengths on an H100, 2026-12-06, benchmarks/calls-2026-12-06f/) or as they are ("plain":
+# its rows of 8 then load element by element, benchmarks/ptx_loads.py)
+ATTN_STRIDES = ("aligned", "plain")
 # Mamba-2's scan at value heads narrower than fla's 64, on a GPU: mamba-ssm's Triton SSD (mamba_chunk_scan_combined)
 # where installed and matched on the device, or mixzoo's chunked form (torch-chunk); the first is the default
 MAMBA_SSD = ("mamba-ssm", "torch-chunk")

@@ -21,7 +21,7 @@ import os
 
 import torch
 
-from . import ATTN_CHOICES, aligned_strides, enabled
+from . import ATTN_CHOICES, ATTN_STRIDES, aligned_strides, enabled
 from ._check import DeviceCheck, interpreting, matches
 
 MAX_DIM = 16
@@ -56,10 +56,10 @@ def _unit_last(t):
 
 
 def _strides(strides) -> tuple[int, list[int]]:
-    """(VEC, the strides in units of VEC) with ``MIXZOO_ATTN_STRIDES=aligned`` (``kernels.aligned_strides``: the
-    kernels then know a head's rows are VEC-aligned and load them in vectors), else (1, as they are), the default
-    until timed on a GPU."""
-    return aligned_strides(strides) if os.environ.get("MIXZOO_ATTN_STRIDES") == "aligned" else (1, list(strides))
+    """(VEC, the strides in units of VEC) by default (``MIXZOO_ATTN_STRIDES=aligned``, ``kernels.aligned_strides``: the
+    kernels then know a head's rows are VEC-aligned and load them in vectors), else (1, as they are)."""
+    mode = os.environ.get("MIXZOO_ATTN_STRIDES") or ATTN_STRIDES[0]
+    return aligned_strides(strides) if mode == "aligned" else (1, list(strides))
 
 
 def _launch_fwd(q, k, v, scale, tiles):
