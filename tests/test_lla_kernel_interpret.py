@@ -359,7 +359,7 @@ def test_strided_unpadded_heads_bit_for_bit_the_padded_copies():
     (B·H, T, 16) copies they were called with before: the output and the gradients of q, k, v and λ equal bit for
     bit, at a head of 8 (explicit solve, λ per head), 5 (explicit solve over 8 dims with 3 masked, λ per token) and
     24 (CG, padded to 32); and so does ``lla`` with each way of handing the heads over (``MIXZOO_LLA_HEADS``:
-    the padded copies, the default; contiguous per head; strided)."""
+    strided, the default; contiguous per head; the padded copies)."""
     r = _result(STRIDED, timeout=600)
     for case, res in r.items():
         assert res["max_abs_diff"] == [0.0] * 5, (case, res)

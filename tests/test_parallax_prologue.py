@@ -158,6 +158,28 @@ for env in ("fused", "torch"):
     layer[env] = [y.detach(), x.grad] + [p.grad for p in m.parameters()]
 out["layer"] = dict(ran=[layer["fused ran"], layer["torch ran"]], n=len(layer["fused"]),
                     err=max(rel(a, b.double()) for a, b in zip(layer["fused"], layer["torch"])))
+# unset, each mechanism's default: softmax's the rotation kernels, LLA's the prologue (its kernel, here interpreted,
+# reads the prologue's (B, T, H, D) heads through their strides); LLA's layer with and without it
+os.environ.pop("MIXZOO_QKV_PROLOGUE")
+defaults, lla = {}, {}
+for env in (None, "fused", "torch"):
+    if env:
+        os.environ["MIXZOO_QKV_PROLOGUE"] = env
+    for name in ("softmax", "lla") if env is None else ("lla",):
+        torch.manual_seed(0)
+        m = build_mixer(get_mixer(name), 64, num_heads=8, layer_idx=0, l_max=32,
+                        **({"backend": "triton", "learn_ridge": True} if name == "lla" else {}))
+        torch.manual_seed(1)
+        x = torch.randn(2, 21, 64, requires_grad=True)
+        kernels.reset()
+        y = m(x)
+        y.square().sum().backward()
+        if env is None:
+            defaults[name] = kernels.ran()
+        else:
+            lla[env] = [y.detach(), x.grad] + [p.grad for p in m.parameters()]
+out["defaults"] = defaults
+out["lla layer"] = dict(n=len(lla["fused"]), err=max(rel(a, b.double()) for a, b in zip(lla["fused"], lla["torch"])))
 os.environ["MIXZOO_QKV_PROLOGUE"] = "fused"
 # folded under vmap: K = 3 models, one kernel call of 3 groups, each model's numbers
 from torch.func import functional_call, stack_module_state, vmap
@@ -201,7 +223,7 @@ def test_qkv_prologue_against_float64_the_softmax_layer_and_folded():
                                           "MIXZOO_ATTN", "MIXZOO_SDPA"))
     assert r["usable"] is True
     for case, res in r.items():
-        if case in ("usable", "layer", "vmap", "stacked"):
+        if case in ("usable", "layer", "vmap", "stacked", "defaults", "lla layer"):
             continue
         k, t = res["fused"], res["torch"]
         dt = case.split()[0]
@@ -215,6 +237,11 @@ def test_qkv_prologue_against_float64_the_softmax_layer_and_folded():
     ly = r["layer"]
     assert ly["ran"][0] == "qkv_prologue" and "qkv_prologue" not in (ly["ran"][1] or ""), ly
     assert ly["n"] == 4 and ly["err"] < 1e-5, ly                         # y, dx, dW_qkv, dW_out
+    d = r["defaults"]                                                    # MIXZOO_QKV_PROLOGUE unset
+    assert "qkv_prologue" not in (d["softmax"] or "") and "rope" in d["softmax"], d
+    assert "qkv_prologue" in d["lla"] and "rope" not in (d["lla"] or ""), d
+    la = r["lla layer"]
+    assert la["n"] == 5 and la["err"] < 1e-5, la                         # y, dx, dW_qkv, dW_out, dλ
     v = r["vmap"]
     assert v["calls"] == [[3, 22, 96]], v                               # 3 models' 2 x 11 tokens, one call
     assert v["out"] == 0.0 and v["grad"] == 0.0, v                      # the same rows through the same kernel

@@ -27,14 +27,18 @@ PARALLAX_TILES = ("mixzoo", "fla")
 # separate rotation and norm kernels, cast and copies ("torch")
 PARALLAX_PROLOGUE = ("fused", "torch")
 # softmax attention's and LLA's q, k, v (parallax_prologue.qkv_prologue, models.common.qkv_heads): the split views,
-# two rotation kernels and backward the concatenation ("torch", the default), or that kernel without r, one pass each
-# way ("fused": on the H200 0.95-0.99x softmax's stacked+graphed K = 6 step at MAD's lengths, benchmarks/calls-2026-12-06e;
-# its (B, T, H, D) q and k are read by the attention kernels at a head's stride)
+# two rotation kernels and backward the concatenation ("torch"), or that kernel without r, one pass each way
+# ("fused"). Unset, each mechanism's default: softmax's "torch" (with the prologue its stacked+graphed K = 6 step was
+# 0.95-0.99x on an H200, benchmarks/calls-2026-12-06e, and 0.97-0.99x with the aligned strides on an H100,
+# benchmarks/calls-2026-12-06f), LLA's "fused" (models.lla.QKV_PROLOGUE_DEFAULT: its strided heads read the prologue's
+# output with no copy)
 QKV_PROLOGUE = ("torch", "fused")
-# LLA's kernels: zero-padded contiguous (B·H, T, 16) copies of the heads ("padded", the default: the fastest measured),
-# the heads at their width contiguous per head, copied so where they are not ("contiguous"), or read where they lie
-# through their strides ("strided"); the same numbers (lla.triton_lla.heads_mode)
-LLA_HEADS = ("padded", "contiguous", "strided")
+# LLA's kernels: the heads read where they lie through their strides, at their width padded in registers ("strided",
+# the default: from the qkv prologue 1.03-1.07x the padded copies' stacked+graphed K = 6 step at MAD's lengths on an
+# H200, 2026-12-06, benchmarks/calls-2026-12-06f), zero-padded contiguous (B·H, T, 16) copies ("padded"), or contiguous
+# per head at their width, copied so where they are not ("contiguous", 1.01-1.05x); the same numbers
+# (lla.triton_lla.heads_mode)
+LLA_HEADS = ("strided", "padded", "contiguous")
 # softmax's attention kernels: the heads' strides in units of the rows' alignment ("aligned", the default,
 # ``aligned_strides``: a head of 8 then loads as 16-byte vectors through cp.async; softmax's stacked+graphed K = 6
 # step 1.08-1.13x at MAD's lengths on an H100, 2026-12-06, benchmarks/calls-2026-12-06f/) or as they are ("plain":

@@ -69,8 +69,10 @@ def switch() -> str:
     return os.environ.get("MIXZOO_PARALLAX_PROLOGUE") or PARALLAX_PROLOGUE[0]
 
 
-def qkv_switch() -> str:
-    return os.environ.get("MIXZOO_QKV_PROLOGUE") or QKV_PROLOGUE[0]
+def qkv_switch(default: str | None = None) -> str:
+    """``MIXZOO_QKV_PROLOGUE``; unset, the calling mechanism's ``default`` (``models.common.qkv_heads``: softmax's
+    ``torch``, LLA's ``fused``), else ``QKV_PROLOGUE[0]``."""
+    return os.environ.get("MIXZOO_QKV_PROLOGUE") or default or QKV_PROLOGUE[0]
 
 
 def _runs(qkv: torch.Tensor, H: int, sw: str) -> bool:
@@ -87,10 +89,10 @@ def runs_on(qkv: torch.Tensor, H: int) -> bool:
     return _runs(qkv, H, switch())
 
 
-def qkv_runs_on(qkv: torch.Tensor, H: int, use_rope: bool = True) -> bool:
+def qkv_runs_on(qkv: torch.Tensor, H: int, use_rope: bool = True, default: str | None = None) -> bool:
     """Whether ``qkv_prologue`` of qkv (B, T, 3C) with H heads takes the kernels: only for a layer that rotates q and
-    k (without the rotation its q, k, v are views of the projection, no pass at all)."""
-    return use_rope and _runs(qkv, H, qkv_switch())
+    k (without the rotation its q, k, v are views of the projection, no pass at all); ``default``: ``qkv_switch``'s."""
+    return use_rope and _runs(qkv, H, qkv_switch(default))
 
 
 class _Prologue(torch.autograd.Function):
@@ -160,21 +162,21 @@ def _fold(K: int, in_dims: tuple, qkv, rr, w, H, eps, rope_qk, rope_r):
 prologue.__mixzoo_fold__ = _fold
 
 
-def qkv_prologue(qkv: torch.Tensor, H: int):
+def qkv_prologue(qkv: torch.Tensor, H: int, default: str | None = None):
     """qkv (B, T, 3C) -> q, k (rotated), v (B, T, H, D) contiguous in qkv's dtype, the numbers of
-    ``qkv_prologue_torch``: the kernels without r where ``qkv_runs_on(qkv, H)`` and not under an unfolded vmap, else
-    that composition."""
-    if torch._C._are_functorch_transforms_active() or not qkv_runs_on(qkv, H):
+    ``qkv_prologue_torch``: the kernels without r where ``qkv_runs_on(qkv, H, default=default)`` and not under an
+    unfolded vmap, else that composition."""
+    if torch._C._are_functorch_transforms_active() or not qkv_runs_on(qkv, H, default=default):
         return qkv_prologue_torch(qkv, H)
     B, T, C3 = qkv.shape
     return _heads(_Prologue.apply(qkv.reshape(1, B * T, C3), None, None, T, H, 0.0, True, False), B, T, H)
 
 
-def _qkv_fold(K: int, in_dims: tuple, qkv, H):
+def _qkv_fold(K: int, in_dims: tuple, qkv, H, default=None):
     """vmap over K models: their tokens as K groups of one call."""
     qkv = _front(K, qkv, in_dims[0])
     B, T, C3 = qkv.shape[1:]
-    if not qkv_runs_on(qkv[0], H):
+    if not qkv_runs_on(qkv[0], H, default=default):
         return tuple(torch.stack(ts) for ts in zip(*(qkv_prologue_torch(t, H) for t in qkv))), (0, 0, 0)
     outs = _Prologue.apply(qkv.reshape(K, B * T, C3), None, None, T, H, 0.0, True, False)
     return tuple(t.view(K, B, T, H, -1) for t in outs), (0, 0, 0)

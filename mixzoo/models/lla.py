@@ -41,6 +41,11 @@ def lla_core(q, k, v, *, ridge: float = 1.0, scale=None):
 
 
 MIN_LEARNED_RIDGE = 1e-2
+# q, k, v by the qkv prologue kernel on the GPU where ``MIXZOO_QKV_PROLOGUE`` is unset (``common.qkv_heads``): its
+# (B, T, H, D) heads read through their strides by the kernels (``MIXZOO_LLA_HEADS=strided``, the default) need no
+# copy; 1.03-1.07x the stacked+graphed K = 6 step of the padded copies at MAD's lengths on an H200, 2026-12-06
+# (benchmarks/calls-2026-12-06f)
+QKV_PROLOGUE_DEFAULT = "fused"
 
 
 @functools.cache
@@ -138,7 +143,7 @@ class LocalLinearAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # the kernel reads the heads through their strides: the projection's views, or with rotary positions on the
         # GPU one prologue kernel's (B, T, H, D) output; its own output is (B, T, H, D) too, so merging is a view
-        q, k, v = qkv_heads(self.qkv(x), self.h, self.use_rope)
+        q, k, v = qkv_heads(self.qkv(x), self.h, self.use_rope, prologue=QKV_PROLOGUE_DEFAULT)
         lam = self.ridge()[None, :, None]                  # (1, H, 1) -> per head
         fast = _fast_lla(x) if (self.requested == "triton" or (self.requested == "auto" and x.is_cuda)) else None
         if self.requested == "triton" and fast is None:

@@ -201,7 +201,7 @@ def test_direct_solve_h_from_forward(lam, monkeypatch):
 @pytest.mark.parametrize("B,T", [(768, 1024), (768, 128)])
 def test_strided_heads_equal_the_padded_copies(B, T, monkeypatch):
     """The heads of 8 as views of a (B, T, 3·128) projection, λ per head through zero strides, handed over contiguous
-    per head and as they lie, against the padded contiguous copies (``MIXZOO_LLA_HEADS=padded``, the default): the
+    per head and as they lie (``MIXZOO_LLA_HEADS=strided``, the default), against the padded contiguous copies: the
     output and the gradients of the projection and of λ equal up to float32's
     summation order (on an H100 the output was equal bit for bit, the projection's gradient not); the three timed side
     by side (forward+backward, the copies included).

@@ -889,14 +889,16 @@ def lla_backward(q, k, v, g, lam, y, lse, scale, tol, max_iter, jacobi, cfg=None
 
 
 def heads_mode() -> str:
-    """How ``lla`` hands the kernels q, k, v and the output gradient (``MIXZOO_LLA_HEADS``): ``padded`` (the default),
+    """How ``lla`` hands the kernels q, k, v and the output gradient (``MIXZOO_LLA_HEADS``): ``strided`` (the default),
+    as they lie (with the qkv prologue, ``models.lla``, views of its (B, T, H, D) output: no copy); ``padded``,
     zero-padded (B·H, T, padded width) copies, λ materialized per row; ``contiguous``, each head's rows contiguous at
-    the head's width, (B, H, T, D), copied so only where they are not (a projection's views), λ per head through zero
-    strides, the output and gradients written as (B, T, H, D); ``strided``, as they lie. The kernels read q, k, v and
-    g once per tile of the other side. Timed on GPUs (benchmarks/calls-2026-12-06e, stacked+graphed K = 6 at MAD's
-    shape) before the strides came in units of the rows' alignment (``_io_strides``): rows of 8 were then read element
-    by element and the step at length 1024 was 0.84x (strided, H200) and 0.89x (contiguous, H100) the padded copies'.
-    With the alignment the three compile to the same loads (tests/test_kernels_compile.py); not timed since."""
+    the head's width, (B, H, T, D), copied so only where they are not (a projection's views). Except ``padded``, λ per
+    head through zero strides, the output and gradients written as (B, T, H, D). The kernels read q, k, v and g once
+    per tile of the other side. Timed with the strides in units of the rows' alignment (``_io_strides``; the three
+    compile to the same loads, tests/test_kernels_compile.py), stacked+graphed K = 6 at MAD's shape on an H200
+    (benchmarks/calls-2026-12-06f): strided from the prologue 1.07x / 1.06x / 1.06x / 1.03x the padded copies' step at
+    lengths 128 / 256 / 512 / 1024, contiguous 1.05x / 1.04x / 1.03x / 1.01x. Before that alignment rows of 8 were
+    read element by element and the step at 1024 was 0.84x (strided) the padded copies' (benchmarks/calls-2026-12-06e)."""
     mode = os.environ.get("MIXZOO_LLA_HEADS") or LLA_HEADS[0]
     return mode if mode in LLA_HEADS else LLA_HEADS[0]
 
@@ -970,10 +972,10 @@ def lla(q, k, v, *, ridge, scale=None, tol=None, max_iter=None, jacobi=None, cfg
 
     The kernels read q, k, v and the output gradient through their strides (any, with a unit last one) at the head's
     width, zero-padded in registers to ``padded_dim(D)``. How they are handed over is ``heads_mode``
-    (``MIXZOO_LLA_HEADS``): by default zero-padded contiguous copies (the fastest measured); ``contiguous`` or
-    ``strided`` take the heads at their width (views of a (B, T, 3C) projection copied per head, or as they are), read
-    a λ per head through zero strides and write the output and dq, dk, dv as (B, H, T, D) views of (B, T, H, D)
-    tensors; the same numbers (bit for bit in the interpreter, tests/test_lla_kernel_interpret.py).
+    (``MIXZOO_LLA_HEADS``): by default as they lie (``strided``), or at their width contiguous per head
+    (``contiguous``), each with a λ per head through zero strides and the output and dq, dk, dv written as
+    (B, H, T, D) views of (B, T, H, D) tensors; or zero-padded contiguous copies (``padded``); the same numbers (bit
+    for bit in the interpreter, tests/test_lla_kernel_interpret.py).
 
     ``ridge`` is λ: a float or a tensor broadcastable to (B, H, T); it gets a gradient when it requires one.
     ``tol`` (relative CG residual), ``max_iter`` and ``jacobi`` default to ``DEFAULTS``; ``prec`` (the precision
