@@ -24,7 +24,7 @@ def attention_forward():
     from mixzoo.kernels import attn as AT
     from mixzoo.kernels import attn_triton as A
     H, T, D = 16, 1024, 8
-    consts = dict(D=D, DP=AT._dp(D), BM=AT.TILES["fwd"][0], BN=AT.TILES["fwd"][1])
+    consts = dict(D=D, DP=AT.padded_dim(D), BM=AT.TILES["fwd"][0], BN=AT.TILES["fwd"][1])
     names = ["sqb", "sqh", "sqt", "skb", "skh", "skt", "svb", "svh", "svt"]
     cases = {
         # softmax's default: q, k from the rotation kernel, contiguous (B, H, T, 8); v a view of the projection

@@ -34,7 +34,7 @@ def _cases():
                  dict(H=16, K=K, V=V, BT=BT, BK=G._tile(K), BV=G._tile(V)))]
     strides = lambda *ts: {f"s{t}{d}": "i32" for t in ts for d in "bht"}      # noqa: E731
     for hd in (8, 16):                                       # the mad recipe's heads; the widest the kernels take
-        c = dict(D=hd, DP=AT._dp(hd))
+        c = dict(D=hd, DP=AT.padded_dim(hd))
         out += [(f"attention fwd D={hd}", A._fwd_kernel,
                  dict(Q=P("bf16"), K=P("bf16"), V=P("bf16"), OUT=P("bf16"), LSE=P("fp32"), T="i32", H="i32",
                       sc2="fp32", **strides("q", "k", "v")), dict(**c, BM=AT.TILES["fwd"][0], BN=AT.TILES["fwd"][1], VEC=8)),
@@ -207,7 +207,7 @@ def test_softmax_attention_aligned_strides_load_in_vectors(monkeypatch):
 
     def loads(strides):
         vec, st = AT._strides(strides)
-        consts = dict(D=D, DP=AT._dp(D), BM=AT.TILES["fwd"][0], BN=AT.TILES["fwd"][1], VEC=vec)
+        consts = dict(D=D, DP=AT.padded_dim(D), BM=AT.TILES["fwd"][0], BN=AT.TILES["fwd"][1], VEC=vec)
         return ptx_loads(A._fwd_kernel, consts, dict(zip(names, st)) | dict(T=T, H=H), ("sc2",), {"LSE": "*fp32"})
     monkeypatch.setenv("MIXZOO_ATTN_STRIDES", "plain")
     plain = loads(launch)

@@ -116,6 +116,11 @@ NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS, "MIXZOO_ATTN": ATTN_CHOICES, "MI
                   **GLA_SWITCHES}
 
 
+def padded_dim(D: int) -> int:
+    """The width a kernel's tiles give a head of D dims: the next power of two, at least 16 (``tl.dot``'s least K)."""
+    return max(16, 1 << (D - 1).bit_length())
+
+
 def aligned_strides(strides) -> tuple[int, list[int]]:
     """(VEC, the strides in units of VEC): VEC the largest power of two up to 16 dividing every stride. A kernel that
     multiplies them back by VEC as a constexpr knows each row it reads starts VEC-aligned: Triton's launcher marks

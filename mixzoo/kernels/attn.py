@@ -21,7 +21,7 @@ import os
 
 import torch
 
-from . import ATTN_CHOICES, ATTN_STRIDES, aligned_strides, enabled
+from . import ATTN_CHOICES, ATTN_STRIDES, aligned_strides, enabled, padded_dim
 from ._check import DeviceCheck, interpreting, matches
 
 MAX_DIM = 16
@@ -71,7 +71,7 @@ def _launch_fwd(q, k, v, scale, tiles):
     vec, strides = _strides((q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                              v.stride(0), v.stride(1), v.stride(2)))
     A._fwd_kernel[(_cdiv(T, BM), B * H)](q, k, v, o, lse, T, H, scale * math.log2(math.e), *strides,
-                                         D=D, DP=_dp(D), BM=BM, BN=BN, VEC=vec, num_warps=w, num_stages=st)
+                                         D=D, DP=padded_dim(D), BM=BM, BN=BN, VEC=vec, num_warps=w, num_stages=st)
     return o, lse
 
 
@@ -81,26 +81,22 @@ def _launch_bwd(q, k, v, o, lse, do, scale, tiles):
     delta = torch.empty(B * H, T, dtype=torch.float32, device=q.device)
     BT = 128
     dvec, dstrides = _strides((do.stride(0), do.stride(2), do.stride(1)))
-    A._delta_kernel[(B * H, _cdiv(T, BT))](o, do, delta, T, H, *dstrides, D=D, DP=_dp(D), BT=BT, VEC=dvec)
+    A._delta_kernel[(B * H, _cdiv(T, BT))](o, do, delta, T, H, *dstrides, D=D, DP=padded_dim(D), BT=BT, VEC=dvec)
     dq, dk, dv = (torch.empty(B, T, H, D, dtype=t.dtype, device=q.device) for t in (q, k, v))
     vec, strides = _strides((q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
                              v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2)))
     sc2 = scale * math.log2(math.e)
     BM, BN, w, st = tiles["dkdv"]
     A._dkdv_kernel[(_cdiv(T, BN), B * H)](q, k, v, do, lse, delta, dk, dv, T, H, sc2, scale, *strides,
-                                                D=D, DP=_dp(D), BM=BM, BN=BN, VEC=vec, num_warps=w, num_stages=st)
+                                                D=D, DP=padded_dim(D), BM=BM, BN=BN, VEC=vec, num_warps=w, num_stages=st)
     BM, BN, w, st = tiles["dq"]
     A._dq_kernel[(_cdiv(T, BM), B * H)](q, k, v, do, lse, delta, dq, T, H, sc2, scale, *strides,
-                                              D=D, DP=_dp(D), BM=BM, BN=BN, VEC=vec, num_warps=w, num_stages=st)
+                                              D=D, DP=padded_dim(D), BM=BM, BN=BN, VEC=vec, num_warps=w, num_stages=st)
     return tuple(t.transpose(1, 2) for t in (dq, dk, dv))
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def _dp(D: int) -> int:
-    return max(16, 1 << (D - 1).bit_length())
 
 
 def default_tiles(T: int) -> dict:

@@ -49,13 +49,14 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
 
 
 def qkv_heads(qkv: torch.Tensor, h: int, use_rope: bool,
-              prologue: str = "torch") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              prologue: str | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A projection's qkv (B, T, 3C) -> q, k, v (B, H, T, D), q and k rotated with ``use_rope``. With the prologue
-    (``MIXZOO_QKV_PROLOGUE=fused``; unset, the mechanism's ``prologue``) where the rotation runs on the GPU: by one
-    Triton kernel each way (``mixzoo.kernels.parallax_prologue.qkv_prologue``, folded when stacking) in place of two
-    rotation kernels and, backward, the concatenation of the chunks' gradients; q, k, v are then views of contiguous
-    (B, T, H, D), the layout in which mixzoo's attention and LLA kernels write their gradients, so those reach the
-    kernel as they are. Else the chunks' views, rotated by ``rope`` (the same numbers up to float32 reordering)."""
+    (``MIXZOO_QKV_PROLOGUE=fused``; unset, the mechanism's ``prologue``, else ``kernels.QKV_PROLOGUE[0]``) where the
+    rotation runs on the GPU: by one Triton kernel each way (``mixzoo.kernels.parallax_prologue.qkv_prologue``, folded
+    when stacking) in place of two rotation kernels and, backward, the concatenation of the chunks' gradients; q, k, v
+    are then views of contiguous (B, T, H, D), the layout in which mixzoo's attention and LLA kernels write their
+    gradients, so those reach the kernel as they are. Else the chunks' views, rotated by ``rope`` (the same numbers up
+    to float32 reordering)."""
     if _prologue.qkv_runs_on(qkv, h, use_rope, default=prologue):
         q, k, v = _fla._op("mixzoo.kernels.parallax_prologue", "qkv_prologue")(qkv, h, prologue)
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)

@@ -79,7 +79,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import LLA_HEADS, aligned_strides
+from .. import LLA_HEADS, aligned_strides, padded_dim
 
 LOG2E = 1.4426950408889634
 
@@ -732,11 +732,6 @@ def _lla_bwd_kv(Q, K, V, G, Y, NU, LSE, ROWS, DK, DV, T, scale, sc2, NH,
         dk = tl.dot(tl.trans((a * (f - dl)).to(DT)), yb, dk)
     _put(_head(DK, bh, NH, so_b, so_h), offs_n, T, so_t, offs_d, dk.to(DT), DIN)
     _put(_head(DV, bh, NH, so_b, so_h), offs_n, T, so_t, offs_d, dv.to(DT), DIN)
-
-
-def padded_dim(D: int) -> int:
-    """The kernels' width for a head of D dims: the next power of two, at least 16 (``tl.dot``'s least K)."""
-    return max(16, 1 << (D - 1).bit_length())
 
 
 def _heads4(t):
