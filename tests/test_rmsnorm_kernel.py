@@ -46,7 +46,7 @@ from mixzoo.models._parts import GatedNorm
 from mixzoo.train.vmapfold import folding
 calls = []
 fwd = rmsnorm_triton.forward
-rmsnorm_triton.forward = lambda x, *a: calls.append(list(x.shape)) or fwd(x, *a)
+rmsnorm_triton.forward = lambda x, *a, **k: calls.append(list(x.shape)) or fwd(x, *a, **k)
 torch.manual_seed(0)
 for name, make, args in (("rmsnorm", lambda: RMSNorm(12), (torch.randn(3, 2, 5, 12),)),
                          ("gated", lambda: GatedNorm(8), (torch.randn(3, 2, 4, 5, 8), torch.randn(3, 2, 5, 32))),
@@ -149,6 +149,72 @@ out["stacked"] = dict(calls=ncalls, out=[float((y - ref_y).abs().max()), float((
                       grads=[float((a.float() - b.float()).abs().max()) for a, b in zip(got, want)])
 print("RESULT", json.dumps(out))
 """
+
+
+POST = r"""
+from mixzoo.kernels import rmsnorm as N
+from mixzoo.models._parts import GatedNorm
+g = torch.Generator().manual_seed(0)
+rel = lambda a, b: float((a.double() - b).norm() / b.norm())
+out = {"usable": N.usable(-1)}
+for dt in ("float32", "bfloat16"):
+    for B, T, H, D in ((2, 5, 3, 8), (1, 7, 2, 173)):
+        x = (torch.randn(B, T, H, D, generator=g) * 3).to(getattr(torch, dt))
+        wide = (torch.randn(B, T, H * D + 5, generator=g) * 2).to(getattr(torch, dt))   # the gate: a split view
+        w = 1 + 0.3 * torch.randn(D, generator=g)
+        dy = torch.randn(B, T, H, D, generator=g).to(getattr(torch, dt))
+        xr, wr, widr = (t.double().requires_grad_() for t in (x, w, wide))
+        want = N.rms_norm_gate_torch(xr, wr, 1e-6, widr[..., 2:2 + H * D].view(B, T, H, D))     # float64 throughout
+        want.backward(dy.double())
+        res = {}
+        for name, fn in (("kernel", N.rms_norm_gate), ("torch", N.rms_norm_gate_torch)):
+            xx, ww, wd = (t.clone().requires_grad_() for t in (x, w, wide))
+            y = fn(xx, ww, 1e-6, wd[..., 2:2 + H * D].view(B, T, H, D))
+            y.backward(dy)
+            res[name] = dict(dtype=str(y.dtype), gdtypes=[str(t.grad.dtype) for t in (xx, wd)], y=y.double(),
+                             out=rel(y, want.detach()), dx=rel(xx.grad, xr.grad), dw=rel(ww.grad, wr.grad),
+                             dz=rel(wd.grad, widr.grad), dz_outside=float(wd.grad[..., :2].abs().max()))
+        res["ulps"] = float(((res["kernel"].pop("y") - res["torch"].pop("y")).abs()
+                             / want.detach().abs().clamp_min(1e-3)).max())
+        out[f"{dt} {B}x{T}x{H}x{D}"] = res
+# the layer (gdn's, GLA's, MesaNet's output norm) with the kernel against its PyTorch form (MIXZOO_GATED_NORM=torch)
+torch.manual_seed(0)
+m = GatedNorm(8)
+torch.nn.init.normal_(m.weight, 1.0, 0.2)
+o = torch.randn(2, 4, 6, 8)
+proj = torch.randn(2, 6, 40)
+grads = {}
+for sw in ("fused", "torch"):
+    os.environ["MIXZOO_GATED_NORM"] = sw
+    oo, pp = o.clone().requires_grad_(), proj.clone().requires_grad_()
+    m.weight.grad = None
+    y = m(oo, pp[..., 3:35])
+    y.square().sum().backward()
+    grads[sw] = [y, oo.grad, pp.grad, m.weight.grad]
+os.environ.pop("MIXZOO_GATED_NORM")
+out["layer"] = [float((a - b).abs().max()) for a, b in zip(grads["fused"], grads["torch"])]
+print("RESULT", json.dumps(out))
+"""
+
+
+def test_gate_after_the_norm_in_one_kernel():
+    """``rms_norm_gate``, the gated output norm of gdn, GLA and MesaNet (the norm, then times silu of the gate): the
+    gate read through a wider row's strides, float32 and bf16, heads of 8 and 173; against float64 beside the PyTorch
+    form, the same dtypes; the gate's gradient only where it was read; the layer with the kernel and with
+    ``MIXZOO_GATED_NORM=torch`` within float32 reordering."""
+    r = _run(POST)
+    assert r.pop("usable") is True
+    layer = r.pop("layer")
+    assert max(layer) < 1e-5, layer
+    for case, res in r.items():
+        k, t = res["kernel"], res["torch"]
+        assert k["dtype"] == t["dtype"] == f"torch.{case.split()[0]}", (case, res)
+        assert k["gdtypes"] == t["gdtypes"], (case, res)
+        assert k["dz_outside"] == t["dz_outside"] == 0.0, (case, res)
+        # float32: reordering only; bf16: the output a rounding apart at most
+        assert res["ulps"] < (1e-5 if case.startswith("float32") else 1e-2), (case, res)
+        for q in ("out", "dx", "dw", "dz"):
+            assert k[q] <= max(1.5 * t[q], 1e-6), (case, q, res)
 
 
 def test_residual_add_and_norm_in_one_kernel():

@@ -15,6 +15,14 @@ as the CPU tests run them) once they have matched ``rms_norm_torch`` on that dev
 ``runs_on(x)`` says whether they will, so that a caller can keep its own PyTorch form otherwise (the
 model's norms do: on the CPU their numbers are unchanged).
 
+``rms_norm_gate(x, w, eps, z)`` is the gate after the norm, the norm of x times w times silu(z) in z's dtype (the output
+norm of gdn, GLA and MesaNet, ``models._parts.GatedNorm``): one kernel each way, where PyTorch writes the float32
+norm, silu(z), their float32 product and its cast forward, and backward the product's two gradients, silu's and the
+casts, each a pass over the activations. z is read through its strides (a split view of the layer's projection:
+no copy). The numbers are those of ``(F.rms_norm(x.float(), ..., w) * F.silu(z)).to(z.dtype)``: silu(z) and
+silu's incoming gradient rounded to z's dtype where PyTorch's autograd rounds them. ``MIXZOO_GATED_NORM=torch`` keeps
+that PyTorch form.
+
 ``add_rms_norm(x, r, w, eps)`` is a residual add followed by the norm, s = x + r and the norm of s, as one kernel
 each way (the pre-norm blocks' add of a mixer's or MLP's output and the next norm): the add's own pass forward
 and the sum of s's two gradients backward (the norm's and the residual stream's) are no separate passes over
@@ -73,6 +81,29 @@ class _Grouped(torch.autograd.Function):
         from . import rmsnorm_triton
         x, w, rstd, z = ctx.saved_tensors
         dx, dw, dz = rmsnorm_triton.backward(x, w, rstd, dy.contiguous(), z)
+        return dx, dw.to(w.dtype), None, dz
+
+
+class _GroupedPost(torch.autograd.Function):
+    """x (G, R, D), w (G, D), z (G, tokens, heads, D) with tokens x heads = R (any strides, the last 1) -> y (G, R, D)
+    = the norm of x times w times silu(z), in z's dtype."""
+
+    @staticmethod
+    def forward(ctx, x, w, eps, z):
+        from . import RAN, rmsnorm_triton
+        RAN.add("rmsnorm")
+        x, w = x.contiguous(), w.contiguous()
+        if z.stride(-1) != 1:
+            z = z.contiguous()
+        y, rstd = rmsnorm_triton.forward(x, w, eps, z.dtype, post=z)
+        ctx.save_for_backward(x, w, rstd, z)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        from . import rmsnorm_triton
+        x, w, rstd, z = ctx.saved_tensors
+        dx, dw, dz = rmsnorm_triton.backward(x, w, rstd, dy.contiguous(), post=z)
         return dx, dw.to(w.dtype), None, dz
 
 
@@ -171,10 +202,51 @@ def _torch_grouped(x: torch.Tensor, w: torch.Tensor, eps: float, gate: torch.Ten
 
 rms_norm.__mixzoo_fold__ = _fold
 
+def rms_norm_gate_torch(x: torch.Tensor, weight: torch.Tensor, eps: float, gate: torch.Tensor) -> torch.Tensor:
+    """The reference: F.rms_norm of x in float32 with the weight, times F.silu(gate), in gate's dtype (x (..., D), gate
+    like x)."""
+    xf = x if x.dtype == torch.float64 else x.float()
+    return (F.rms_norm(xf, (x.shape[-1],), weight.to(xf.dtype), eps) * F.silu(gate)).to(gate.dtype)
+
+
+def gate_runs_on(x: torch.Tensor, gate: torch.Tensor) -> bool:
+    """Whether ``rms_norm_gate`` of x and gate takes the kernel: ``MIXZOO_GATED_NORM`` not ``torch``, and ``runs_on``
+    both."""
+    return os.environ.get("MIXZOO_GATED_NORM") != "torch" and runs_on(x) and runs_on(gate)
+
+
+def rms_norm_gate(x: torch.Tensor, weight: torch.Tensor, eps: float, gate: torch.Tensor) -> torch.Tensor:
+    """x (..., H, D), weight (D,), gate (..., H, D) (any strides, its last 1) -> the norm of x times weight times
+    silu(gate), (..., H, D) in gate's dtype: the kernel where ``gate_runs_on``, else ``rms_norm_gate_torch``."""
+    if torch._C._are_functorch_transforms_active() or not gate_runs_on(x, gate):
+        return rms_norm_gate_torch(x, weight, eps, gate)
+    H, D = x.shape[-2], x.shape[-1]
+    z = gate.reshape(1, -1, H, D)
+    return _GroupedPost.apply(x.reshape(1, -1, D), weight.reshape(1, D), eps, z).view(x.shape)
+
+
+def _gate_fold(K: int, in_dims: tuple, x: torch.Tensor, weight: torch.Tensor, eps: float, gate: torch.Tensor):
+    """vmap over K models: their rows as K groups, their weights as K rows, their gates as K groups of the gate's
+    strided rows."""
+    def front(t, d):
+        return t.movedim(d, 0) if d is not None else t.unsqueeze(0).expand(K, *t.shape)
+    x, w, gate = front(x, in_dims[0]), front(weight, in_dims[1]), front(gate, in_dims[3])
+    if not gate_runs_on(x, gate):
+        y = _torch_grouped(x, w, eps)
+        return (y * F.silu(gate)).to(gate.dtype), 0
+    H, D = x.shape[-2], x.shape[-1]
+    z = gate.reshape(K, -1, H, D)
+    return _GroupedPost.apply(x.reshape(K, -1, D), w.reshape(K, D), eps, z).view(x.shape), 0
+
+
+rms_norm_gate.__mixzoo_fold__ = _gate_fold
+
+
 def usable(device_index: int = 0) -> bool:
     """Whether the kernels give ``rms_norm_torch``'s output and gradients on this device (-1: the
     interpreter), checked once (``_check.DeviceCheck``): float32 and bf16 inputs, two groups, partial
-    row blocks, widths 8, 128 and 173, without and with a gate; and ``add_rms_norm``'s (a float32 x and a
+    row blocks, widths 8, 128 and 173, without and with a gate; the gate after the norm (``rms_norm_gate``) read
+    through a wider row's strides, 3 heads of 8 and 2 of 173; and ``add_rms_norm``'s (a float32 x and a
     float32 or bf16 r, with and without a gradient of s from elsewhere, the norm in float32 and bf16)."""
     return _USABLE(device_index)
 
@@ -200,6 +272,22 @@ def _matches_here(device_index: int) -> bool:
                 got = [y, dx, dw] + ([dz] if gated else [])
                 if not all(matches(a, b, tol) for a, b in zip(got, [want.detach(), *wants])):
                     return False
+    for dt in (torch.float32, torch.bfloat16):        # the gate after the norm, read through a wider row's strides
+        for H, D in ((3, 8), (2, 173)):
+            x = (torch.randn(2, 37, H, D, generator=gen) * 3).to(dt).to(dev)
+            wide = (torch.randn(2, 37, H * D + 5, generator=gen) * 2).to(dt).to(dev)
+            z = wide[..., 2:2 + H * D].view(2, 37, H, D)
+            w = (1 + 0.3 * torch.randn(2, D, generator=gen)).to(dev)
+            dy = torch.randn(2, 37, H, D, generator=gen).to(dt).to(dev)
+            ins = [t.double().requires_grad_() for t in (x, w, z)]
+            want = torch.stack([rms_norm_gate_torch(ins[0][g], ins[1][g], 1e-6, ins[2][g]) for g in range(2)])
+            wants = torch.autograd.grad(want, ins, dy.double())
+            y, rstd = rmsnorm_triton.forward(x.reshape(2, -1, D).contiguous(), w, 1e-6, dt, post=z)
+            dx, dw, dz = rmsnorm_triton.backward(x.reshape(2, -1, D).contiguous(), w, rstd, dy.reshape(2, -1, D), post=z)
+            tol = 1e-5 if dt == torch.float32 else 1e-2
+            if y.dtype != dt or not all(matches(a.reshape(b.shape), b, tol)
+                                        for a, b in zip((y, dx, dw, dz), (want.detach(), *wants))):
+                return False
     for rdt, out_dt, with_ds in ((torch.float32, torch.float32, True), (torch.bfloat16, torch.bfloat16, True),
                                  (torch.bfloat16, torch.float32, False)):
         D = 173

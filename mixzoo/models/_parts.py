@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import ShortConv, fused_rms_norm
+from .common import ShortConv, fused_rms_norm, fused_rms_norm_gate
 
 
 class ConvAct(nn.Module):
@@ -32,6 +32,10 @@ class GatedNorm(nn.Module):
 
     def forward(self, o, gate):
         B, H, T, D = o.shape
+        # the norm and the gate in one kernel each way where it runs (MIXZOO_GATED_NORM; the gate read where it lies)
+        y = fused_rms_norm_gate(o.transpose(1, 2), self.weight, self.eps, gate.view(B, T, H, D))
+        if y is not None:
+            return y.reshape(B, T, H * D)
         y = fused_rms_norm(o.transpose(1, 2), self.weight, self.eps)
         if y is None:
             y = F.rms_norm(o.float().transpose(1, 2), (D,), self.weight, self.eps)

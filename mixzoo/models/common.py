@@ -25,6 +25,15 @@ def fused_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     return op(x, weight, eps) if gate is None else op(x, weight, eps, gate)
 
 
+def fused_rms_norm_gate(x: torch.Tensor, weight: torch.Tensor, eps: float, gate: torch.Tensor) -> torch.Tensor | None:
+    """x (..., H, D) normalized over D times ``weight``, times silu(gate) (gate (..., H, D), any strides with the last
+    1), in gate's dtype, by one Triton kernel each way (``mixzoo.kernels.rmsnorm.rms_norm_gate``), or None where it
+    does not run (the caller keeps its PyTorch form)."""
+    if not _rmsnorm.gate_runs_on(x, gate):
+        return None
+    return _fla._op("mixzoo.kernels.rmsnorm", "rms_norm_gate")(x, weight, eps, gate)   # folded when stacking
+
+
 def fused_add_rms_norm(x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor, eps: float,
                        out_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(s = x + r, the norm of s times ``weight`` in out_dtype, default float32) by mixzoo's Triton kernels

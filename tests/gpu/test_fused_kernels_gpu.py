@@ -153,7 +153,7 @@ def test_the_norms_take_the_kernels_and_stacking_folds_them(monkeypatch):
     assert usable(torch.cuda.current_device())      # its self-check runs the kernels too: before the spy
     calls = []
     fwd = rmsnorm_triton.forward
-    monkeypatch.setattr(rmsnorm_triton, "forward", lambda x, *a: calls.append(tuple(x.shape)) or fwd(x, *a))
+    monkeypatch.setattr(rmsnorm_triton, "forward", lambda x, *a, **k: calls.append(tuple(x.shape)) or fwd(x, *a, **k))
     torch.manual_seed(0)
     for make, args, one, folded in (
             (lambda: RMSNorm(128), (torch.randn(4, 8, 128, 128, device="cuda"),), (1, 1024, 128), (4, 1024, 128)),
@@ -171,6 +171,47 @@ def test_the_norms_take_the_kernels_and_stacking_folds_them(monkeypatch):
             y = vmap(lambda p, b, *a, m=ms[0]: functional_call(m, (p, b), a))(params, bufs, *args)
         assert calls == [folded]
         torch.testing.assert_close(y.float(), ref.float(), rtol=1e-5, atol=1e-5)
+
+
+def test_gate_after_the_norm_matches_and_is_timed(monkeypatch):
+    """The gated output norm of gdn, GLA and MesaNet (``GatedNorm``: the norm of each head, then times silu of the
+    gate) at the mad recipe's 16 heads of 8 (6 x 128 sequences of 1024, bf16, the gate a split view of a wider
+    projection): ``rms_norm_gate``'s kernel against float64 beside the PyTorch form; then the layer forward and
+    backward with the kernel and with ``MIXZOO_GATED_NORM=torch`` timed side by side."""
+    from mixzoo.kernels import rmsnorm as N
+    from mixzoo.models._parts import GatedNorm
+    assert N.usable(torch.cuda.current_device())
+    g = torch.Generator(device="cuda").manual_seed(0)
+    B, T, H, D = 6 * 128, 1024, 16, 8
+    x = (torch.randn(B, T, H, D, device="cuda", generator=g) * 2).bfloat16()
+    wide = (torch.randn(B, T, 4 * H * D + H, device="cuda", generator=g) * 2).bfloat16()
+    w = 1 + 0.3 * torch.randn(D, device="cuda", generator=g)
+    dy = torch.randn(B, T, H, D, device="cuda", generator=g).bfloat16()
+    sub = slice(0, B // 16)                           # float64 on a sixteenth of the sequences
+    xr, wr, widr = (t[sub].double().requires_grad_() if t.dim() > 1 else t.double().requires_grad_() for t in (x, w, wide))
+    want = N.rms_norm_gate_torch(xr, wr, 1e-6, widr[..., 3 * H * D:4 * H * D].view(-1, T, H, D))
+    want.backward(dy[sub].double())
+    errs = {}
+    for name, fn in (("kernel", N.rms_norm_gate), ("torch", N.rms_norm_gate_torch)):
+        xx, ww, wd = x[sub].clone().requires_grad_(), w.clone().requires_grad_(), wide[sub].clone().requires_grad_()
+        y = fn(xx, ww, 1e-6, wd[..., 3 * H * D:4 * H * D].view(-1, T, H, D))
+        y.backward(dy[sub])
+        errs[name] = [_rel(y, want.detach()), _rel(xx.grad, xr.grad), _rel(ww.grad, wr.grad), _rel(wd.grad, widr.grad)]
+    print("\nrms_norm_gate bf16 16 heads of 8 against float64, out / dx / dw / dz: kernel "
+          + " / ".join(f"{e:.1e}" for e in errs["kernel"]) + ", PyTorch form "
+          + " / ".join(f"{e:.1e}" for e in errs["torch"]))
+    for a, b in zip(errs["kernel"], errs["torch"]):
+        assert a <= max(1.5 * b, 1e-6)
+    m = GatedNorm(D).cuda()
+    o = x.transpose(1, 2).detach().requires_grad_()                        # (B, H, T, D) as the mechanisms pass it
+    wd = wide.detach().requires_grad_()
+    t = {}
+    for sw in ("fused", "torch"):
+        monkeypatch.setenv("MIXZOO_GATED_NORM", sw)
+        t[sw] = _timed(lambda: m(o, wd[..., 3 * H * D:4 * H * D]).backward(dy.view(B, T, H * D)), iters=10)
+    print(f"GatedNorm(8) forward+backward at {B} x {T} tokens of 16 heads, ms: kernel {t['fused']:.3f}, "
+          f"PyTorch form {t['torch']:.3f} ({t['torch'] / t['fused']:.2f}x)")
+    assert t["fused"] < t["torch"]
 
 
 def test_rms_norm_forms_timed_side_by_side(monkeypatch):
