@@ -62,15 +62,22 @@ def _cases():
         out += [
             ("swiglu fwd " + dt, S._fwd_kernel, dict(h=P(dt), o=P(dt), N="i64", F="i32"), dict(BLOCK=S.TILE[0])),
             ("swiglu bwd " + dt, S._bwd_kernel, dict(h=P(dt), do=P(dt), dh=P(dt), N="i64", F="i32"), dict(BLOCK=S.TILE[0])),
-            *[(f"rmsnorm fwd {dt} gate={gate} res={res}", N._fwd_kernel,
-               dict(x=P(dt), z=P(dt), w=P("fp32"), y=P("bf16" if res else "fp32"), rstd=P("fp32"), res=P("bf16"),
-                    s=P(dt), R="i32", D="i32", NB="i32", eps="fp32"),
-               dict(BR=32, BD=128, GATE=gate, RES=res)) for gate, res in ((False, False), (True, False), (False, True))],
-            *[(f"rmsnorm bwd {dt} gate={gate} res={res}", N._bwd_kernel,
-               dict(x=P(dt), z=P(dt), w=P("fp32"), rstd=P("fp32"), dy=P("bf16" if res else "fp32"), dx=P(dt), dz=P(dt),
-                    dwp=P("fp32"), ds=P(dt), dr=P("bf16"), R="i32", D="i32", NB="i32"),
-               dict(BR=512 if not gate else 16, BD=8 if not gate else 256, GATE=gate, HAS_DS=res, RES=res))
-              for gate, res in ((False, False), (True, False), (False, True))],
+            # the gate after the norm (POST) at the mad recipe's heads of 8: the output and gate bf16, x as given
+            *[(f"rmsnorm fwd {dt} gate={gate} res={res} post={post}", N._fwd_kernel,
+               dict(x=P(dt), z=P("bf16" if post else dt), w=P("fp32"), y=P("bf16" if res or post else "fp32"),
+                    rstd=P("fp32"), res=P("bf16"), s=P(dt), R="i32", D="i32", NB="i32", eps="fp32", ZH="i32",
+                    zs_g="i64", zs_t="i32", zs_h="i32"),
+               dict(BR=512 if post else 32, BD=8 if post else 128, GATE=gate, RES=res, POST=post))
+              for gate, res, post in ((False, False, False), (True, False, False), (False, True, False),
+                                      (False, False, True))],
+            *[(f"rmsnorm bwd {dt} gate={gate} res={res} post={post}", N._bwd_kernel,
+               dict(x=P(dt), z=P("bf16" if post else dt), w=P("fp32"), rstd=P("fp32"),
+                    dy=P("bf16" if res or post else "fp32"), dx=P(dt), dz=P("bf16" if post else dt), dwp=P("fp32"),
+                    ds=P(dt), dr=P("bf16"), R="i32", D="i32", NB="i32", ZH="i32", zs_g="i64", zs_t="i32",
+                    zs_h="i32"),
+               dict(BR=512 if not gate else 16, BD=8 if not gate else 256, GATE=gate, HAS_DS=res, RES=res, POST=post))
+              for gate, res, post in ((False, False, False), (True, False, False), (False, True, False),
+                                      (False, False, True))],
             ("rope " + dt, R._rope_kernel, dict(x=P(dt), y=P(dt), inv_freq=P("fp32"), H="i32", T="i32", sb="i64", sh="i64",
                                                 st="i64", HALF="i32", sign="fp32"), dict(BT=256, BH=4)),
             ("conv fwd " + dt, C._fwd_kernel, dict(x=P(dt), w=P("fp32"), bias=P("fp32"), y=P("bf16"), T="i32", C="i32",
