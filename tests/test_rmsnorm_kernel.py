@@ -152,11 +152,15 @@ print("RESULT", json.dumps(out))
 
 
 POST = r"""
-from mixzoo.kernels import rmsnorm as N
+from mixzoo.kernels import rmsnorm as N, rmsnorm_triton
 from mixzoo.models._parts import GatedNorm
+out = {"usable": N.usable(-1)}                      # its self-check first (it runs the kernels itself), then the spy
+posts = []
+fwd = rmsnorm_triton.forward
+rmsnorm_triton.forward = lambda x, *a, **k: posts.append(k.get("post") is not None) or fwd(x, *a, **k)
+os.environ["MIXZOO_GATED_NORM"] = "fused"          # the kernel (the default, unset, is the PyTorch form)
 g = torch.Generator().manual_seed(0)
 rel = lambda a, b: float((a.double() - b).norm() / b.norm())
-out = {"usable": N.usable(-1)}
 for dt in ("float32", "bfloat16"):
     for B, T, H, D in ((2, 5, 3, 8), (1, 7, 2, 173)):
         x = (torch.randn(B, T, H, D, generator=g) * 3).to(getattr(torch, dt))
@@ -177,33 +181,43 @@ for dt in ("float32", "bfloat16"):
         res["ulps"] = float(((res["kernel"].pop("y") - res["torch"].pop("y")).abs()
                              / want.detach().abs().clamp_min(1e-3)).max())
         out[f"{dt} {B}x{T}x{H}x{D}"] = res
+out["kernel calls"] = sum(posts)
 # the layer (gdn's, GLA's, MesaNet's output norm) with the kernel against its PyTorch form (MIXZOO_GATED_NORM=torch)
 torch.manual_seed(0)
 m = GatedNorm(8)
 torch.nn.init.normal_(m.weight, 1.0, 0.2)
 o = torch.randn(2, 4, 6, 8)
 proj = torch.randn(2, 6, 40)
-grads = {}
-for sw in ("fused", "torch"):
-    os.environ["MIXZOO_GATED_NORM"] = sw
+grads, out["layer calls"] = {}, {}
+for sw in ("fused", "torch", None):
+    if sw is None:
+        os.environ.pop("MIXZOO_GATED_NORM")
+    else:
+        os.environ["MIXZOO_GATED_NORM"] = sw
     oo, pp = o.clone().requires_grad_(), proj.clone().requires_grad_()
     m.weight.grad = None
+    posts.clear()
     y = m(oo, pp[..., 3:35])
     y.square().sum().backward()
-    grads[sw] = [y, oo.grad, pp.grad, m.weight.grad]
-os.environ.pop("MIXZOO_GATED_NORM")
+    grads[sw or "default"] = [y, oo.grad, pp.grad, m.weight.grad]
+    out["layer calls"][sw or "default"] = list(posts)
 out["layer"] = [float((a - b).abs().max()) for a, b in zip(grads["fused"], grads["torch"])]
+out["default is torch"] = all(torch.equal(a, b) for a, b in zip(grads["default"], grads["torch"]))
 print("RESULT", json.dumps(out))
 """
 
 
 def test_gate_after_the_norm_in_one_kernel():
-    """``rms_norm_gate``, the gated output norm of gdn, GLA and MesaNet (the norm, then times silu of the gate): the
-    gate read through a wider row's strides, float32 and bf16, heads of 8 and 173; against float64 beside the PyTorch
-    form, the same dtypes; the gate's gradient only where it was read; the layer with the kernel and with
-    ``MIXZOO_GATED_NORM=torch`` within float32 reordering."""
+    """``rms_norm_gate``, the gated output norm of gdn, GLA and MesaNet (the norm, then times silu of the gate), with
+    ``MIXZOO_GATED_NORM=fused``: the gate read through a wider row's strides, float32 and bf16, heads of 8 and 173;
+    against float64 beside the PyTorch form, the same dtypes; the gate's gradient only where it was read; the layer
+    with the kernel and with ``MIXZOO_GATED_NORM=torch`` within float32 reordering, and unset (the default) the
+    PyTorch form, bit for bit."""
     r = _run(POST)
     assert r.pop("usable") is True
+    assert r.pop("kernel calls") == 4, r                              # each case's forward ran the kernel
+    assert r.pop("layer calls") == {"fused": [True], "torch": [False], "default": [False]}
+    assert r.pop("default is torch") is True                          # unset: the PyTorch form, unchanged
     layer = r.pop("layer")
     assert max(layer) < 1e-5, layer
     for case, res in r.items():
@@ -236,7 +250,8 @@ def test_residual_add_and_norm_in_one_kernel():
 
 def _run(script: str, env: dict | None = None) -> dict:
     return run_interpreted(script, env, drop=("MIXZOO_RMSNORM", "MIXZOO_SWIGLU", "MIXZOO_ROPE", "MIXZOO_CONV",
-                                              "MIXZOO_SSD", "MIXZOO_EAGER_KERNELS", "MIXZOO_QKV_PROLOGUE"))
+                                              "MIXZOO_SSD", "MIXZOO_EAGER_KERNELS", "MIXZOO_QKV_PROLOGUE",
+                                              "MIXZOO_GATED_NORM"))
 
 
 def test_kernels_against_float64_and_folded_under_vmap():

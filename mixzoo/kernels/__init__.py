@@ -101,10 +101,11 @@ HYENA_LAYOUT = ("channels", "strided")
 # its FFTs' 1/n: in the filters' spectrum ("filter", the default; exact, a power of two: the same numbers) or a pass over
 # each irfft's output ("output", torch's default)
 HYENA_FFT_SCALE = ("filter", "output")
-# gdn's, GLA's and MesaNet's gated output norm (models._parts.GatedNorm: the norm, then times silu of the gate): one
-# kernel each way (rmsnorm.rms_norm_gate, "fused", the default) or the norm's kernel, then PyTorch's silu, product and
-# cast ("torch"); the same numbers up to float32 reordering
-GATED_NORM = ("fused", "torch")
+# gdn's, GLA's and MesaNet's gated output norm (models._parts.GatedNorm: the norm, then times silu of the gate): the
+# norm's kernel, then PyTorch's silu, product and cast ("torch", the default until the kernel is timed on a GPU), or
+# one kernel each way (rmsnorm.rms_norm_gate, "fused"; checked against float64 in Triton's interpreter only so far);
+# the same numbers up to float32 reordering
+GATED_NORM = ("torch", "fused")
 NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS, "MIXZOO_ATTN": ATTN_CHOICES, "MIXZOO_LLA_C": LLA_C,
                   "MIXZOO_LLA_H": LLA_H,
                   "MIXZOO_LLA_DIRECT_PREC": LLA_DIRECT_PREC, "MIXZOO_PARALLAX_TILES": PARALLAX_TILES,

@@ -20,8 +20,9 @@ norm of gdn, GLA and MesaNet, ``models._parts.GatedNorm``): one kernel each way,
 norm, silu(z), their float32 product and its cast forward, and backward the product's two gradients, silu's and the
 casts, each a pass over the activations. z is read through its strides (a split view of the layer's projection:
 no copy). The numbers are those of ``(F.rms_norm(x.float(), ..., w) * F.silu(z)).to(z.dtype)``: silu(z) and
-silu's incoming gradient rounded to z's dtype where PyTorch's autograd rounds them. ``MIXZOO_GATED_NORM=torch`` keeps
-that PyTorch form.
+silu's incoming gradient rounded to z's dtype where PyTorch's autograd rounds them. It runs with
+``MIXZOO_GATED_NORM=fused``; the default (``torch``, ``GATED_NORM[0]``) keeps that PyTorch form until the kernel has
+been timed on a GPU.
 
 ``add_rms_norm(x, r, w, eps)`` is a residual add followed by the norm, s = x + r and the norm of s, as one kernel
 each way (the pre-norm blocks' add of a mixer's or MLP's output and the next norm): the add's own pass forward
@@ -38,7 +39,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from . import enabled
+from . import GATED_NORM, enabled
 from ._check import DeviceCheck, interpreting, matches
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -210,9 +211,9 @@ def rms_norm_gate_torch(x: torch.Tensor, weight: torch.Tensor, eps: float, gate:
 
 
 def gate_runs_on(x: torch.Tensor, gate: torch.Tensor) -> bool:
-    """Whether ``rms_norm_gate`` of x and gate takes the kernel: ``MIXZOO_GATED_NORM`` not ``torch``, and ``runs_on``
-    both."""
-    return os.environ.get("MIXZOO_GATED_NORM") != "torch" and runs_on(x) and runs_on(gate)
+    """Whether ``rms_norm_gate`` of x and gate takes the kernel: ``MIXZOO_GATED_NORM`` (unset: ``GATED_NORM[0]``) is
+    ``fused``, and ``runs_on`` both."""
+    return (os.environ.get("MIXZOO_GATED_NORM") or GATED_NORM[0]) == "fused" and runs_on(x) and runs_on(gate)
 
 
 def rms_norm_gate(x: torch.Tensor, weight: torch.Tensor, eps: float, gate: torch.Tensor) -> torch.Tensor:

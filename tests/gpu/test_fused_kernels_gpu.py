@@ -181,6 +181,7 @@ def test_gate_after_the_norm_matches_and_is_timed(monkeypatch):
     from mixzoo.kernels import rmsnorm as N
     from mixzoo.models._parts import GatedNorm
     assert N.usable(torch.cuda.current_device())
+    monkeypatch.setenv("MIXZOO_GATED_NORM", "fused")                 # the kernel (unset: the PyTorch form)
     g = torch.Generator(device="cuda").manual_seed(0)
     B, T, H, D = 6 * 128, 1024, 16, 8
     x = (torch.randn(B, T, H, D, device="cuda", generator=g) * 2).bfloat16()
@@ -192,6 +193,7 @@ def test_gate_after_the_norm_matches_and_is_timed(monkeypatch):
     want = N.rms_norm_gate_torch(xr, wr, 1e-6, widr[..., 3 * H * D:4 * H * D].view(-1, T, H, D))
     want.backward(dy[sub].double())
     errs = {}
+    assert N.gate_runs_on(x, wide)
     for name, fn in (("kernel", N.rms_norm_gate), ("torch", N.rms_norm_gate_torch)):
         xx, ww, wd = x[sub].clone().requires_grad_(), w.clone().requires_grad_(), wide[sub].clone().requires_grad_()
         y = fn(xx, ww, 1e-6, wd[..., 3 * H * D:4 * H * D].view(-1, T, H, D))

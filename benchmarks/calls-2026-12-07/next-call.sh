@@ -1,19 +1,21 @@
-# session 2026-12-07 call 3: the gated output norm of gdn, GLA and MesaNet (the norm, then times silu of the gate) as one
-# kernel each way (mixzoo.kernels.rmsnorm.rms_norm_gate, MIXZOO_GATED_NORM=fused, the default) against the norm's
+# planned for the next session's first device call (not run: the 2026-12-07 session's device starts failed after call 2
+# until its device time was spent). The gated output norm of gdn, GLA and MesaNet (the norm, then times silu of the gate)
+# as one kernel each way (mixzoo.kernels.rmsnorm.rms_norm_gate, MIXZOO_GATED_NORM=fused) against the default, the norm's
 # kernel followed by PyTorch's silu, product and cast (MIXZOO_GATED_NORM=torch): the three mechanisms' stacked+graphed
 # K = 6 steps at MAD's four lengths, each configuration in its own process, back to back; then the GPU tests of the
 # kernel (against float64, folding, timed in the layer) and the three mechanisms' training tests (graphed against
-# eager, stacked against separate runs) with it. BUDGET: seconds for it all.
+# eager, stacked against separate runs) with it. If it wins, make "fused" GATED_NORM[0] (mixzoo/kernels/__init__.py).
+# BUDGET: seconds for it all.
 set -o pipefail
 export END=$(( $(date +%s) + ${BUDGET:-540} ))
 left() { echo $(( END - $(date +%s) )); }
 nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1
 S="--shape mad,mad256,mad512,mad1024 --steps 30 --warmup 10 --procs= --modes stacked+graphed --K 6"
-TPN=-gated-fused TP_ARGS="$S gdn gla mesa" T=120 bash scripts/gpu-zoo.sh tput
+MIXZOO_GATED_NORM=fused TPN=-gated-fused TP_ARGS="$S gdn gla mesa" T=120 bash scripts/gpu-zoo.sh tput
 MIXZOO_GATED_NORM=torch TPN=-gated-torch TP_ARGS="$S gdn gla mesa" T=120 bash scripts/gpu-zoo.sh tput
 echo "== tests at $(date +%T), left $(left)"
 GTN=-gated K=tests/gpu/test_fused_kernels_gpu.py KEXPR="gate_after or norms_take" T=60 bash scripts/gpu-zoo.sh gputests
-[ $(left) -gt 60 ] && GTN=-training KEXPR="gdn or gla or mesa" K=tests/gpu/test_throughput_gpu.py T=$(( $(left) - 20 )) \
+[ $(left) -gt 60 ] && MIXZOO_GATED_NORM=fused GTN=-training KEXPR="gdn or gla or mesa" K=tests/gpu/test_throughput_gpu.py T=$(( $(left) - 20 )) \
   bash scripts/gpu-zoo.sh gputests
 for f in logs/throughput-*.md; do echo "== $f"; grep -E "stacked" $f | head -n 20; done
 grep -h -E "passed|failed|^FAILED|^ERROR|rms_norm_gate|GatedNorm" logs/gputests-*.log | tail -n 30
