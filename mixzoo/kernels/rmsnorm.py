@@ -203,6 +203,7 @@ def _torch_grouped(x: torch.Tensor, w: torch.Tensor, eps: float, gate: torch.Ten
 
 rms_norm.__mixzoo_fold__ = _fold
 
+
 def rms_norm_gate_torch(x: torch.Tensor, weight: torch.Tensor, eps: float, gate: torch.Tensor) -> torch.Tensor:
     """The reference: F.rms_norm of x in float32 with the weight, times F.silu(gate), in gate's dtype (x (..., D), gate
     like x)."""
