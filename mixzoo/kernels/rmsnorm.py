@@ -151,12 +151,16 @@ def add_rms_norm(x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor, eps: fl
     return s.view(x.shape), y.view(x.shape)
 
 
+def _front(K: int, t: torch.Tensor, d: int | None) -> torch.Tensor:
+    """A fold's argument with its model dimension ``d`` moved first; one that vmap does not batch (``d`` None)
+    expanded to the K models."""
+    return t.movedim(d, 0) if d is not None else t.unsqueeze(0).expand(K, *t.shape)
+
+
 def _add_fold(K: int, in_dims: tuple, x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor, eps: float,
               out_dtype: torch.dtype | None = None):
     """vmap over K models (``mixzoo.train.vmapfold``): their rows as K groups, their weights as K rows."""
-    def front(t, d):
-        return t.movedim(d, 0) if d is not None else t.unsqueeze(0).expand(K, *t.shape)
-    x, r, w = front(x, in_dims[0]), front(r, in_dims[1]), front(weight, in_dims[2])
+    x, r, w = _front(K, x, in_dims[0]), _front(K, r, in_dims[1]), _front(K, weight, in_dims[2])
     if not runs_on(x) or not runs_on(r):
         s = x + r
         return (s, _torch_grouped(s, w, eps).to(out_dtype or torch.float32)), (0, 0)
@@ -183,10 +187,9 @@ def _fold(K: int, in_dims: tuple, x: torch.Tensor, weight: torch.Tensor, eps: fl
     """vmap over K models (``mixzoo.train.vmapfold``): their rows as K groups, their weights as K rows."""
     dx, dw = in_dims[0], in_dims[1]
     dg = in_dims[3] if len(in_dims) > 3 else None
-    x = x.movedim(dx, 0) if dx is not None else x.unsqueeze(0).expand(K, *x.shape)
-    w = weight.movedim(dw, 0) if dw is not None else weight.unsqueeze(0).expand(K, *weight.shape)
+    x, w = _front(K, x, dx), _front(K, weight, dw)
     if gate is not None:
-        gate = gate.movedim(dg, 0) if dg is not None else gate.unsqueeze(0).expand(K, *gate.shape)
+        gate = _front(K, gate, dg)
     if not runs_on(x) or (gate is not None and not runs_on(gate)):
         return _torch_grouped(x, w, eps, gate), 0
     D = x.shape[-1]
@@ -222,23 +225,24 @@ def rms_norm_gate(x: torch.Tensor, weight: torch.Tensor, eps: float, gate: torch
     silu(gate), (..., H, D) in gate's dtype: the kernel where ``gate_runs_on``, else ``rms_norm_gate_torch``."""
     if torch._C._are_functorch_transforms_active() or not gate_runs_on(x, gate):
         return rms_norm_gate_torch(x, weight, eps, gate)
+    return _post_groups(x, weight, eps, gate, 1)
+
+
+def _post_groups(x: torch.Tensor, w: torch.Tensor, eps: float, gate: torch.Tensor, G: int) -> torch.Tensor:
+    """``_GroupedPost`` on x (..., H, D) as G groups of rows, w as G rows, the gate (like x, any strides but the last)
+    as G groups of its (tokens, H, D) rows; the result in x's shape."""
     H, D = x.shape[-2], x.shape[-1]
-    z = gate.reshape(1, -1, H, D)
-    return _GroupedPost.apply(x.reshape(1, -1, D), weight.reshape(1, D), eps, z).view(x.shape)
+    return _GroupedPost.apply(x.reshape(G, -1, D), w.reshape(G, D), eps, gate.reshape(G, -1, H, D)).view(x.shape)
 
 
 def _gate_fold(K: int, in_dims: tuple, x: torch.Tensor, weight: torch.Tensor, eps: float, gate: torch.Tensor):
     """vmap over K models: their rows as K groups, their weights as K rows, their gates as K groups of the gate's
     strided rows."""
-    def front(t, d):
-        return t.movedim(d, 0) if d is not None else t.unsqueeze(0).expand(K, *t.shape)
-    x, w, gate = front(x, in_dims[0]), front(weight, in_dims[1]), front(gate, in_dims[3])
+    x, w, gate = _front(K, x, in_dims[0]), _front(K, weight, in_dims[1]), _front(K, gate, in_dims[3])
     if not gate_runs_on(x, gate):
         y = _torch_grouped(x, w, eps)
         return (y * F.silu(gate)).to(gate.dtype), 0
-    H, D = x.shape[-2], x.shape[-1]
-    z = gate.reshape(K, -1, H, D)
-    return _GroupedPost.apply(x.reshape(K, -1, D), w.reshape(K, D), eps, z).view(x.shape), 0
+    return _post_groups(x, w, eps, gate, K), 0
 
 
 rms_norm_gate.__mixzoo_fold__ = _gate_fold
