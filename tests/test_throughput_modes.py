@@ -234,7 +234,8 @@ def test_mad_projection_reads_each_setting_s_step_time_at_its_length(tmp_path):
         projection_table,
         step_time_at,
     )
-    assert {n: _dims(n)[1] for n in MAD_LENGTHS} == {"mad": 127, "mad256": 255, "mad512": 511, "mad1024": 1023}
+    assert {n: _dims(n)[1] for n in MAD_LENGTHS} == {"mad": 127, "mad32": 31, "mad64": 63, "mad256": 255,
+                                                     "mad512": 511, "mad1024": 1023}
     assert all(MODE_SHAPES[n]["recipe"] == "mad" and MODE_SHAPES[n]["batch_size"] == 128 for n in MAD_LENGTHS)
     pts = {128: 0.01, 256: 0.025, 1024: 0.2}
     assert step_time_at(pts, 256) == (0.025, False)
@@ -276,6 +277,14 @@ def test_mad_projection_reads_each_setting_s_step_time_at_its_length(tmp_path):
     assert p["hours"]["gdn"]["stacked+graphed K=16"] < p["hours"]["gdn"]["stacked+graphed K=6"]
     assert p["best_cell"]["gdn"] == "stacked+graphed K=6"
     assert project_mad({"rows": rows + [k16]})["best_cell"]["gdn"] == "stacked+graphed K=16"
+    # the short settings measured (launch-bound: here as slow a step as the baseline's): no work outside, and the
+    # hours grow by what the linear model had left out
+    short = [dict(rows[0], shape=n, model_steps_per_s=100.0) for n in ("mad32", "mad64")]
+    p = project_mad({"rows": rows[::2] + short}, variant="settings")
+    assert p["outside_share"]["gdn"]["stacked+graphed K=6"] == 0.0
+    assert p["lengths"]["gdn"]["stacked+graphed K=6"] == [32, 64, 128, 256, 1024]
+    assert p["hours"]["gdn"]["stacked+graphed K=6"] == pytest.approx(expect + sum(
+        n * (1 / 100 - L / 128 / 100) for L, n in per if L < 128) / 3600)
 
 
 def test_layer_bytes_counts_a_layer_on_the_cpu():

@@ -19,8 +19,8 @@ def configure(name: str, p) -> None:
     p.add_argument("--shape", default=None,
                    help="mixers: default (batch 8, length 1024, 2 heads) or mad (batch 128, length 128, 16 heads "
                         "of width 8); throughput: the step-mode matrix at these shapes, comma-separated, of "
-                        "tiny (CPU smoke), mad (MAD's baseline), mad256, mad512, mad1024 (the baseline at MAD's longer "
-                        "lengths), mqar512 (V 8192, L 512)")
+                        "tiny (CPU smoke), mad (MAD's baseline), mad32, mad64, mad256, mad512, mad1024 (the baseline at "
+                        "MAD's other lengths), mqar512 (V 8192, L 512)")
     p.add_argument("--out", help="also write the table as JSON here")
     t = p.add_argument_group("throughput: the step-mode matrix (with --shape or mechanism names)")
     t.add_argument("--modes", default="eager,graphed,stacked,stacked+graphed",
@@ -35,7 +35,8 @@ def configure(name: str, p) -> None:
     t.add_argument("--md", help="also write the Markdown tables here")
     t.add_argument("--project", metavar="JSON", nargs="+",
                    help="no measuring: the MAD-protocol projection from these JSON files (their rows together; "
-                        "with --protocol settings, rows at mad256, mad512, mad1024 give those lengths' step times)")
+                        "with --protocol settings, rows at mad32, mad64, mad256, mad512, mad1024 give those lengths' step "
+                        "times)")
     t.add_argument("--protocol", choices=("readme", "settings"), default="readme",
                    help="the projection's work model: readme (66 x 9 runs x 20k steps at 2.3x the baseline "
                         "length, as the README's) or settings (each setting's own length and training-set size)")
