@@ -320,6 +320,22 @@ def test_hyena_direct_and_fft_convolutions_agree():
             torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5)
 
 
+def test_hyena_path_switch_picks_the_convolution_by_length(monkeypatch):
+    """MIXZOO_HYENA_PATH: Toeplitz products up to DIRECT_MAX_LEN and FFTs beyond by default; ``fft`` and ``toeplitz``
+    take one path at every length (to time them against each other), and the layer reports what it ran."""
+    from mixzoo.models.hyena import DIRECT_MAX_LEN, Hyena, direct
+    for path, short, long in ((None, True, False), ("by-length", True, False), ("fft", False, False),
+                              ("toeplitz", True, True)):
+        if path is None:
+            monkeypatch.delenv("MIXZOO_HYENA_PATH", raising=False)
+        else:
+            monkeypatch.setenv("MIXZOO_HYENA_PATH", path)
+        assert (direct(DIRECT_MAX_LEN), direct(DIRECT_MAX_LEN + 1)) == (short, long)
+    m = Hyena(8, filter_width=8)
+    m(torch.randn(1, DIRECT_MAX_LEN + 4, 8))
+    assert m.backend == "torch-toeplitz"
+
+
 def test_hyena_in_float64_is_a_float64_reference():
     """A float64 Hyena (the GPU tests' reference) computes its filters and convolutions in float64 on both paths
     (Toeplitz at 200, FFT at 300), within float32 rounding of the float32 layer."""

@@ -85,8 +85,9 @@ GLA_PROJ = ("fused", "separate")
 # composition autograd differentiates ("torch")
 HYENA_CONV = ("fused", "torch")
 # Hyena's long convolution by length: Toeplitz products up to models.hyena.DIRECT_MAX_LEN, FFTs beyond ("by-length",
-# the default), or FFTs at every length ("fft", to time the paths against each other)
-HYENA_PATH = ("by-length", "fft")
+# the default), or FFTs at every length ("fft"), or Toeplitz products at every length ("toeplitz"; their matrices take
+# C·T² numbers a model and order): to time the paths against each other
+HYENA_PATH = ("by-length", "fft", "toeplitz")
 # Hyena's Toeplitz step (fftconv.gated_toeplitz_conv): the composition ("torch", the default until the Function is
 # timed on a GPU) or the autograd Function ("fused")
 HYENA_TOEPLITZ = ("torch", "fused")

@@ -80,9 +80,10 @@ def direct_causal_conv(u: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
 
 
 def direct(T: int) -> bool:
-    """Whether length T takes the Toeplitz products: up to DIRECT_MAX_LEN, unless ``MIXZOO_HYENA_PATH=fft`` (FFTs
-    at every length, to time the two paths against each other)."""
-    return T <= DIRECT_MAX_LEN and os.environ.get("MIXZOO_HYENA_PATH") != "fft"
+    """Whether length T takes the Toeplitz products: up to DIRECT_MAX_LEN, unless ``MIXZOO_HYENA_PATH`` says ``fft``
+    (FFTs at every length) or ``toeplitz`` (Toeplitz products at every length), to time the paths against each other."""
+    path = os.environ.get("MIXZOO_HYENA_PATH")
+    return path == "toeplitz" or (T <= DIRECT_MAX_LEN and path != "fft")
 
 
 def causal_conv(u: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
