@@ -2,7 +2,8 @@
 against autograd's composition: gradcheck in float64, the reference's numbers in float64 and float32 (with a bf16
 gate and value, as under autocast), K models folded under vmap as the loop of them, the Hyena layer with and
 without it, and stacked training against separate runs with it on (the default, or ``MIXZOO_HYENA_CONV=fused``;
-``MIXZOO_HYENA_CONV=torch`` keeps the composition)."""
+``MIXZOO_HYENA_CONV=torch`` keeps the composition); the Toeplitz products in bf16x3 (``MIXZOO_HYENA_TOEPLITZ_MM``)
+against float64, the default ``fp32`` the float32 einsums bit for bit."""
 from __future__ import annotations
 
 import pytest
@@ -155,13 +156,19 @@ def test_hyena_layer_with_and_without_it(switch, name, T_on, T_off, ran_off, def
             assert float((pa - pb).norm()) <= 1e-4 * float(pb.norm()) + 1e-6
 
 
-@pytest.mark.parametrize("op,L,name", [("steps", 272, "fftconv"), ("steps", 96, "toeplitzconv"),
-                                       ("fused", 272, "hyenaop"), ("fused", 96, "hyenaop")])
-def test_stacked_training_with_it_gives_each_run_s_numbers(fused, monkeypatch, op, L, name):
+@pytest.mark.parametrize("op,L,name,mm", [("steps", 272, "fftconv", None), ("steps", 96, "toeplitzconv", None),
+                                          ("fused", 272, "hyenaop", None), ("fused", 96, "hyenaop", None),
+                                          ("steps", 96, "toeplitzconv", "bf16x3"), ("fused", 96, "hyenaop", "bf16x3")])
+def test_stacked_training_with_it_gives_each_run_s_numbers(fused, monkeypatch, op, L, name, mm):
     """K = 2 runs of Hyena at length 272 (FFT path) or 96 (Toeplitz path) as one stacked model give the separate
     runs' numbers (tests/test_stacked.py's tolerances for Hyena), every run naming the Function among its
-    kernels: each step's Function (MIXZOO_HYENA_OP=steps), or the operator's (fused, the default)."""
+    kernels: each step's Function (MIXZOO_HYENA_OP=steps), or the operator's (fused, the default); at 96 also with
+    the Toeplitz products in bf16x3 (MIXZOO_HYENA_TOEPLITZ_MM=bf16x3: the runs then name ``toeplitz-bf16x3`` too)."""
     monkeypatch.setenv("MIXZOO_HYENA_OP", op)
+    if mm is None:
+        monkeypatch.delenv("MIXZOO_HYENA_TOEPLITZ_MM", raising=False)
+    else:
+        monkeypatch.setenv("MIXZOO_HYENA_TOEPLITZ_MM", mm)
     from mixzoo.models import ModelConfig
     from mixzoo.tasks.mqar import MQAR
     from mixzoo.train import TrainConfig, train
@@ -173,6 +180,7 @@ def test_stacked_training_with_it_gives_each_run_s_numbers(fused, monkeypatch, o
     stacked = train_stacked(task, "hyena", {}, mcfg, cfgs, (0, 0), device="cpu")
     for r, q in zip(solo, stacked):
         assert r.state == q.state == "COMPLETE" and name in r.kernels and name in q.kernels
+        assert all(("toeplitz-bf16x3" in x.kernels.split(",")) == (mm == "bf16x3") for x in (r, q)), (r.kernels, mm)
         for a, b in zip(r.history, q.history):
             for k in ("train_loss", "loss"):
                 assert abs(a[k] - b[k]) <= 3e-4 * abs(a[k]), (k, a[k], b[k])
@@ -191,6 +199,21 @@ def test_the_switch_is_checked():
             os.environ.pop("MIXZOO_HYENA_CONV")
         else:
             os.environ["MIXZOO_HYENA_CONV"] = old
+
+
+def test_the_toeplitz_products_switch_is_checked(monkeypatch):
+    """MIXZOO_HYENA_TOEPLITZ_MM: rejected at the command line (switch_error) and by the Function's read of it."""
+    from mixzoo import kernels
+    monkeypatch.setenv("MIXZOO_HYENA_TOEPLITZ_MM", "bf16")
+    assert kernels.switch_error() == "MIXZOO_HYENA_TOEPLITZ_MM='bf16'; allowed: fp32, bf16x3 (or unset)"
+    with pytest.raises(ValueError, match="MIXZOO_HYENA_TOEPLITZ_MM"):
+        F._toeplitz_mm(torch.float32)
+    for mm in ("fp32", "bf16x3"):
+        monkeypatch.setenv("MIXZOO_HYENA_TOEPLITZ_MM", mm)
+        assert kernels.switch_error() is None
+        assert F._toeplitz_mm(torch.float32) == mm and F._toeplitz_mm(torch.float64) == "fp32"
+    monkeypatch.delenv("MIXZOO_HYENA_TOEPLITZ_MM")
+    assert F._toeplitz_mm(torch.float32) == "fp32"                # the default
 
 
 # -- Hyena's whole operator as one Function (MIXZOO_HYENA_OP=fused) -------------------------------------------------
@@ -382,3 +405,166 @@ def test_the_ffts_scale_in_the_filters_is_bit_for_bit_the_output_scale(fused, mo
             y = v.transpose(1, 2).to(u.dtype)
         res[scale] = [y, *torch.autograd.grad(y, ins, do)]
     assert all(torch.equal(a, w) for a, w in zip(res["filter"], res["output"]))
+
+
+# -- the Toeplitz products in bf16x3 (MIXZOO_HYENA_TOEPLITZ_MM=bf16x3) ---------------------------------------------------
+
+def _no_lo(monkeypatch):
+    """The splits' lo parts zeroed: bf16x3's GEMMs then form plain bf16 products (hi·hi), the control of the bound."""
+    real = F._split
+
+    def split(x, lo):
+        out = real(x, lo)
+        out[..., lo, :] = 0
+        return out
+    monkeypatch.setattr(F, "_split", split)
+
+
+def _op_errors(u, h, b, do, want):
+    """The operator's output and gradients of (u, h, b) in float32 against ``want`` (float64): ‖a − w‖ / ‖w‖ each."""
+    ins = [x.detach().float().requires_grad_() for x in (u, h, b)]
+    y = F.hyena_operator(*ins, True)
+    got = [y, *torch.autograd.grad(y, ins, do.float())]
+    return [float((a.detach().double() - w).norm() / w.norm()) for a, w in zip(got, want)]
+
+
+@pytest.mark.parametrize("layout", ["channels", "strided"])
+@pytest.mark.parametrize("T,N", [(40, 2), (128, 3)])
+def test_bf16x3_against_float64(fused, monkeypatch, T, N, layout):
+    """The operator (u, h, b float32) with the three Toeplitz products in bf16x3, in either layout, against the operator
+    in float64 at the same values: output and the gradients du, dh, db within 1e-4 relative (norm), which plain bf16
+    products do not meet. Measured here (CPU): bf16x3 3.9e-6 to 7.4e-6 (1.4e-5 for db at T = 256, N = 3), the float32
+    einsums 1e-7 to 3e-7; the lo parts dropped (plain bf16 products) 2.3e-3 to 4.1e-3, checked here above 5e-4 (and
+    each operand's lo alone dropped, M's, v's or dz's, gives 1.6e-3 to 2.9e-3: this test fails)."""
+    monkeypatch.setenv("MIXZOO_HYENA_OP", "fused")
+    monkeypatch.setenv("MIXZOO_HYENA_LAYOUT", layout)
+    gen = torch.Generator().manual_seed(T + N)
+    u, h, b = (x.detach().float().double() for x in _op_inputs(3, T, 4, N, gen))
+    do = torch.randn(3, T, 4, generator=gen, dtype=torch.float64)
+    ins = [x.clone().requires_grad_() for x in (u, h, b)]
+    monkeypatch.setenv("MIXZOO_HYENA_TOEPLITZ_MM", "bf16x3")      # float64 keeps its einsums: the reference
+    y = F.hyena_operator(*ins, True)
+    want = [y.detach(), *torch.autograd.grad(y, ins, do)]
+    errs = _op_errors(u, h, b, do, want)
+    monkeypatch.setenv("MIXZOO_HYENA_TOEPLITZ_MM", "fp32")
+    errs32 = _op_errors(u, h, b, do, want)
+    monkeypatch.setenv("MIXZOO_HYENA_TOEPLITZ_MM", "bf16x3")
+    _no_lo(monkeypatch)
+    errs16 = _op_errors(u, h, b, do, want)
+    assert max(errs) < 1e-4 and max(errs32) < 1e-6, (errs, errs32)
+    assert min(errs16) > 5e-4, errs16
+
+
+def test_bf16x3_step_against_float64(fused, monkeypatch):
+    """The Toeplitz step's Function (MIXZOO_HYENA_TOEPLITZ=fused) in bf16x3: output and the gradients of v, g, h, b
+    against float64 within 1e-4 (norm), plain bf16 products above 5e-4. Measured here (CPU): bf16x3 4.4e-6 to 5.0e-6
+    (db 6.8e-8: not a product's), the float32 einsums 7e-8 to 1.4e-7, plain bf16 2.4e-3."""
+    gen = torch.Generator().manual_seed(11)
+    v, g, h, b = (x.detach().float().double() for x in _inputs(3, 4, 64, torch.float64, gen))
+    do = torch.randn(3, 4, 64, generator=gen, dtype=torch.float64)
+    ins = [x.clone().requires_grad_() for x in (v, g, h, b)]
+    y = F.gated_toeplitz_conv(*ins)
+    want = [y.detach(), *torch.autograd.grad(y, ins, do)]
+    monkeypatch.setenv("MIXZOO_HYENA_TOEPLITZ_MM", "bf16x3")
+
+    def errors():
+        one = [x.detach().float().requires_grad_() for x in (v, g, h, b)]
+        out = F.gated_toeplitz_conv(*one)
+        got = [out, *torch.autograd.grad(out, one, do.float())]
+        return [float((a.detach().double() - w).norm() / w.norm()) for a, w in zip(got, want)]
+    errs = errors()
+    _no_lo(monkeypatch)
+    errs16 = errors()
+    assert max(errs) < 1e-4, errs
+    assert max(errs16) > 5e-4, errs16
+
+
+def _conv_einsums(vf, M, dz):
+    """The Toeplitz products as fftconv forms them without bf16x3: einsums (y, dv, dh) with M = toeplitz(h)."""
+    return (torch.einsum("gcts,gbcs->gbct", M, vf), torch.einsum("gcts,gbct->gbcs", M, dz),
+            F.diagonal_sums(torch.einsum("gbct,gbcs->gcts", dz, vf)))
+
+
+@pytest.mark.parametrize("mm", [None, "fp32"])
+def test_fp32_is_the_float32_einsums_bit_for_bit(fused, monkeypatch, mm):
+    """Unset or ``fp32``: the Toeplitz products are the float32 einsums, bit for bit (the forward keeps M), and so is
+    the operator (its convolution swapped for the einsums gives the same output and gradients); float64 takes its
+    einsums whatever the switch."""
+    if mm is None:
+        monkeypatch.delenv("MIXZOO_HYENA_TOEPLITZ_MM", raising=False)
+    else:
+        monkeypatch.setenv("MIXZOO_HYENA_TOEPLITZ_MM", mm)
+    monkeypatch.setenv("MIXZOO_HYENA_OP", "fused")
+    gen = torch.Generator().manual_seed(13)
+    G, B, C, T = 2, 3, 4, 40
+    vf, dz = (torch.randn(G, B, C, T, generator=gen) for _ in range(2))
+    hf = torch.randn(G, C, T, generator=gen)
+    mode = F._toeplitz_mm(torch.float32)
+    assert mode == "fp32"
+    y, kept = F._conv_forward(vf, hf, True, mm=mode)
+    dv, dh = F._conv_backward(dz, vf, kept, True, True, True, mm=mode)
+    want = _conv_einsums(vf, F.toeplitz(hf), dz)
+    assert torch.equal(kept[0], F.toeplitz(hf)) and all(torch.equal(a, w) for a, w in zip((y, dv, dh), want))
+
+    u, h, b = _op_inputs(3, T, C, 2, gen, torch.float32)
+    h, b = (x.detach().float() for x in (h, b))
+    do = torch.randn(3, T, C, generator=gen)
+
+    def run():
+        ins = [x.detach().clone().requires_grad_() for x in (u, h, b)]
+        out = F.hyena_operator(*ins, True)
+        return [out, *torch.autograd.grad(out, ins, do)]
+    got = run()
+    fwd, bwd = F._conv_forward, F._conv_backward
+
+    def einsum_forward(vf, hf, direct, padded=None, norm="backward", mm="fp32"):
+        M = F.toeplitz(hf)
+        return _conv_einsums(vf, M, vf)[0], (M,)
+
+    def einsum_backward(dz, vf, kept, direct, need_v, need_h, padded=None, norm="backward", mm="fp32"):
+        _, dv, dh = _conv_einsums(vf, kept[0], dz)
+        return dv, dh if need_h else None
+    monkeypatch.setattr(F, "_conv_forward", einsum_forward)
+    monkeypatch.setattr(F, "_conv_backward", einsum_backward)
+    assert all(torch.equal(a, w) for a, w in zip(got, run()))
+    monkeypatch.setattr(F, "_conv_forward", fwd)
+    monkeypatch.setattr(F, "_conv_backward", bwd)
+    # float64: the einsums whatever the switch
+    monkeypatch.setenv("MIXZOO_HYENA_TOEPLITZ_MM", "bf16x3")
+    y64, kept64 = F._conv_forward(vf.double(), hf.double(), True, mm=F._toeplitz_mm(torch.float64))
+    assert torch.equal(y64, _conv_einsums(vf.double(), F.toeplitz(hf.double()), vf.double())[0]) and len(kept64) == 1
+
+
+def test_bf16x3_folded_under_vmap_is_the_loop_of_models(fused, monkeypatch):
+    """As test_the_operator_folded_under_vmap_is_the_loop_of_models, in float32 with the products in bf16x3: K = 3
+    models in one call of 3 groups give each model's own call, within float32 reordering."""
+    from mixzoo.models import _fla
+    from mixzoo.train.vmapfold import folding
+    monkeypatch.setenv("MIXZOO_HYENA_OP", "fused")
+    monkeypatch.setenv("MIXZOO_HYENA_TOEPLITZ_MM", "bf16x3")
+    gen = torch.Generator().manual_seed(5)
+    K, B, T, C, N = 3, 2, 40, 4, 2
+    u = torch.randn(K, B, T, (N + 1) * C, generator=gen)
+    h, b = torch.randn(K, N, C, T, generator=gen) * torch.exp(-torch.arange(T) / 30.), torch.randn(K, N, C, generator=gen)
+    ins = [x.clone().requires_grad_() for x in (u, h, b)]
+    calls, real = [], F._HyenaOperator.apply
+
+    def spy(*a):
+        calls.append(tuple(a[0].shape))
+        return real(*a)
+    with folding():
+        op = _fla._op("mixzoo.kernels.fftconv", "hyena_operator")
+        try:
+            F._HyenaOperator.apply = spy
+            out = torch.func.vmap(op, in_dims=(0, 0, 0, None))(*ins, True)
+        finally:
+            F._HyenaOperator.apply = real
+    assert calls == [(K, B, T, (N + 1) * C)]
+    do = torch.randn(K, B, T, C, generator=gen)
+    grads = torch.autograd.grad(out, ins, do)
+    for k in range(K):
+        one = [x[k].clone().requires_grad_() for x in (u, h, b)]
+        o = F.hyena_operator(*one, True)
+        for got, want in zip([out[k], *(g[k] for g in grads)], [o, *torch.autograd.grad(o, one, do[k])]):
+            got, want = got.detach(), want.detach()
+            assert float((got - want).norm()) <= 1e-6 * float(want.norm()), (k, float((got - want).norm()))

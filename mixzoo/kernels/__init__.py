@@ -94,6 +94,12 @@ HYENA_TOEPLITZ = ("torch", "fused")
 # Hyena's whole operator (fftconv.hyena_operator): as one Function ("fused", the default: 1.05-1.07x the steps' stacked
 # training step at lengths 128 to 1024 on an H100, 2026-12-06) or its steps one at a time as above ("steps")
 HYENA_OP = ("fused", "steps")
+# Hyena's Toeplitz products (fftconv's direct path, up to models.hyena.DIRECT_MAX_LEN, in its Functions: the operator
+# and the Toeplitz step) for float32 operands: float32 einsums, CUDA-core FFMA GEMMs on a GPU ("fp32", the default until
+# the other is timed on a GPU), or "bf16x3": each operand split into bfloat16 hi + lo, hi·hi + hi·lo + lo·hi in one
+# bf16 tensor-core GEMM a product, float32 accumulation (about 2^-16 relative a product against float32's 2^-24;
+# fftconv._bf16x3_forward). float64 keeps its einsums
+HYENA_TOEPLITZ_MM = ("fp32", "bf16x3")
 # that Function's FFT operands: written into zero-padded buffers ("buffers", the default) or padded by rfft ("rfft")
 HYENA_FFT_PAD = ("buffers", "rfft")
 # that Function's layout: its input transposed once into a contiguous channels-first copy, the output and the input's
@@ -119,6 +125,7 @@ NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS, "MIXZOO_ATTN": ATTN_CHOICES, "MI
                   "MIXZOO_HYENA_PATH": HYENA_PATH, "MIXZOO_HYENA_TOEPLITZ": HYENA_TOEPLITZ,
                   "MIXZOO_HYENA_OP": HYENA_OP, "MIXZOO_HYENA_FFT_PAD": HYENA_FFT_PAD,
                   "MIXZOO_HYENA_LAYOUT": HYENA_LAYOUT, "MIXZOO_HYENA_FFT_SCALE": HYENA_FFT_SCALE,
+                  "MIXZOO_HYENA_TOEPLITZ_MM": HYENA_TOEPLITZ_MM,
                   "MIXZOO_GATED_NORM": GATED_NORM, **GLA_SWITCHES}
 
 

@@ -22,6 +22,20 @@ one call (``_fold``: K groups, each with its own filters and biases). ``runs_on(
 ``MIXZOO_HYENA_CONV=fused``), on any device; with ``MIXZOO_HYENA_CONV=torch`` the model keeps the composition.
 Side by side on an H100 (2026-12-06, benchmarks/h100-2026-12-06/), Hyena's stacked+graphed training step (6
 models, MAD's baseline shape) with the Function against the composition: 1.16x at length 512, 1.17x at 1024.
+
+Up to ``mixzoo.models.hyena.DIRECT_MAX_LEN`` the convolution is a product with each channel's causal Toeplitz matrix M
+(``toeplitz``): forward y = M v, backward dv = Mᵀ dz and dh the diagonal sums of dH = Σ_batch dz vᵀ. In float32 these
+are float32 einsums, on a GPU CUDA-core FFMA GEMMs (about 13 % of Hyena's training step at length 128, an estimated
+28 % at 256). ``MIXZOO_HYENA_TOEPLITZ_MM=bf16x3`` computes the three on tensor cores instead, near float32's accuracy:
+each float32 operand x split as hi = bf16(x), lo = bf16(x − hi) (hi + lo is x within 2^-16 relative: bf16 keeps 8
+significant bits), and A·B ≈ hi_A·hi_B + hi_A·lo_B + lo_A·hi_B (lo·lo, of order 2^-16, dropped), the products of bf16
+numbers exact in float32 and summed in float32. So each product is off by about 2^-16 relative (plus float32's
+summation rounding), against 2^-24 for the float32 einsums and 2^-8 for plain bf16 products. Hyena's operator in
+float32 against float64 on the CPU (tests/test_fftconv.py; output and gradients, norm-relative): 4e-6 to 1.5e-5 with
+bf16x3, 1e-7 to 4e-7 with the float32 einsums, 2e-3 to 4e-3 with plain bf16 products (the lo parts dropped). The three
+terms are one GEMM a product: the operands' parts concatenated along its contraction (``_split``,
+``_toeplitz_parts``), written by the split itself in the layout the batched GEMM takes (batch: the (group, channel)
+pairs). ``fp32``, the default, keeps the float32 einsums; float64 always takes the float64 einsums (the reference).
 Imports nothing of mixzoo.
 """
 from __future__ import annotations
@@ -107,17 +121,107 @@ def _fft_norm() -> str:
     return "backward" if os.environ.get("MIXZOO_HYENA_FFT_SCALE") == "output" else "forward"
 
 
+def _toeplitz_mm(dtype: torch.dtype) -> str:
+    """How the Toeplitz products of operands in ``dtype`` multiply: ``MIXZOO_HYENA_TOEPLITZ_MM`` for float32, "fp32"
+    (the default: float32 einsums) or "bf16x3" (``_bf16x3_forward``); "fp32" for float64, whatever the switch (its
+    float64 einsums are the reference). Read once a forward (``ctx.mm``) and passed to ``_conv_forward`` and
+    ``_conv_backward``, so the backward takes the forward's (and finds what it kept)."""
+    from . import HYENA_TOEPLITZ_MM, switch_error
+    mm = os.environ.get("MIXZOO_HYENA_TOEPLITZ_MM") or HYENA_TOEPLITZ_MM[0]
+    if mm not in HYENA_TOEPLITZ_MM:
+        raise ValueError(switch_error())
+    return "fp32" if dtype == torch.float64 else mm
+
+
+# bf16x3's parts: each operand split into three bf16 parts (``_split``), hi at two of them and lo at the third; each
+# pair of operands of a product meets hi·hi, hi·lo and lo·hi once over the parts, and never lo·lo: M (lo, hi, hi), v
+# (hi, lo, hi), dz (hi, hi, lo). A product is then one GEMM over the parts concatenated along its contraction: the
+# forward's along s (v's and M's), dv's along t (dz's and M's), dH's along the batch (dz's and v's). v's and dz's
+# (G, C, B, 3, T) layout serves both of their products (parts after the batch, before the time), M's cannot (its two
+# products contract its two indices): the forward gathers M's parts as [t, p, s], the backward as [p, t, s].
+_LO_M, _LO_V, _LO_DZ = 0, 1, 2
+_HI = {0: slice(1, 3), 1: slice(0, 3, 2), 2: slice(0, 2)}        # the two hi parts where lo is at 0, 1, 2
+
+
+def _split(x: torch.Tensor, lo: int) -> torch.Tensor:
+    """x float32 (..., T), any strides -> (..., 3, T) bf16, contiguous: hi = bf16(x) at two parts, lo = bf16(x − hi)
+    at part ``lo`` (x − hi is exact in float32; hi + lo is x within 2^-16 relative). Two passes: hi written twice from
+    one read of x (and x's layout changed in that copy), then lo from x and hi."""
+    out = torch.empty(*x.shape[:-1], 3, x.shape[-1], dtype=torch.bfloat16, device=x.device)
+    his = out[..., _HI[lo], :]
+    his.copy_(x.unsqueeze(-2).expand(his.shape))
+    torch.sub(x, his[..., 0, :], out=out[..., lo, :])             # float32 difference, rounded once to bf16
+    return out
+
+
+def _toeplitz_parts(hp: torch.Tensor, parts_first: bool) -> torch.Tensor:
+    """hp (G, C, 3, T), h's split -> the three parts' Toeplitz matrices M_p[t, s] = hp[p, t-s] (s <= t, else 0) in one
+    gather, bf16: (G, C, 3, T, T) [p, t, s] with ``parts_first`` (the parts stacked along t: dv's GEMM), else
+    (G, C, T, 3, T) [t, p, s] (along s: the forward's). Toeplitz of h's split is the split of ``toeplitz(h)``."""
+    T = hp.shape[-1]
+    q = torch.nn.functional.pad(hp, (T, 0)).flatten(-2)          # (G, C, 6T): hp[p, k] at 2T·p + T + k, zeros before
+    i = torch.arange(T, device=hp.device)
+    lag = i[:, None] - i[None, :] + T                             # [t, s]: T + t - s, among the zeros where s > t
+    idx = torch.arange(0, 6 * T, 2 * T, device=hp.device)[:, None, None] + lag     # [p, t, s]
+    return q[..., idx if parts_first else idx.transpose(0, 1).contiguous()]
+
+
+def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a (Z, m, k) @ b (Z, k, n), both bf16 (any strides) -> float32, accumulated in float32: on CUDA one bf16
+    tensor-core GEMM with float32 output (bmm's ``out_dtype`` overload); elsewhere (that overload has no CPU kernel)
+    a float32 bmm of the bf16 values upcast (products of bf16 numbers are exact in float32: the same sums, up to
+    their order)."""
+    if a.is_cuda:
+        return torch.ops.aten.bmm.dtype(a, b, torch.float32)
+    return torch.bmm(a.float(), b.float())
+
+
+def _bf16x3_forward(vf: torch.Tensor, hf: torch.Tensor):
+    """y = M v by bf16x3 (module docstring): vf (G, B, C, T), hf (G, C, T) float32 -> y (G, B, C, T) float32, a view
+    of the GEMM's (G, C, B, T) output (no pass to reorder it), and what the backward keeps: v's split (G, C, B, 3, T)
+    (1.5x v's bytes; dH's operand) and h's (G, C, 3, T) (M's parts gathered again from it: M is not kept). One GEMM
+    of G·C batches, (B, 3T) @ (3T, T)."""
+    from . import RAN
+    RAN.add("toeplitz-bf16x3")
+    G, B, C, T = vf.shape
+    sv = _split(vf.transpose(1, 2), _LO_V)                        # the split and the (g, c) batch layout: one copy
+    hp = _split(hf, _LO_M)
+    mf = _toeplitz_parts(hp, parts_first=False)                  # (G, C, T, 3, T)
+    y = _mm(sv.view(G * C, B, 3 * T), mf.view(G * C, T, 3 * T).transpose(1, 2))
+    return y.view(G, C, B, T).transpose(1, 2), (sv, hp)
+
+
+def _bf16x3_backward(dz: torch.Tensor, kept: tuple, need_v: bool, need_h: bool):
+    """The adjoint by bf16x3 at dz (G, B, C, T) float32: dv = Mᵀ dz (G, B, C, T), a view of a (G, C, B, T) output, one
+    GEMM (B, 3T) @ (3T, T) a batch; dh the diagonal sums of dH = Σ_batch dz vᵀ (G, C, T, T), one GEMM (T, 3B) @ (3B, T)
+    a batch; either None where not needed. dz split once for both (G, C, B, 3, T)."""
+    sv, hp = kept
+    G, B, C, T = dz.shape
+    sdz = _split(dz.transpose(1, 2), _LO_DZ)
+    dv = dh = None
+    if need_v:
+        md = _toeplitz_parts(hp, parts_first=True)              # (G, C, 3, T, T)
+        dv = _mm(sdz.view(G * C, B, 3 * T), md.view(G * C, 3 * T, T)).view(G, C, B, T).transpose(1, 2)
+    if need_h:
+        dh = diagonal_sums(_mm(sdz.view(G * C, 3 * B, T).transpose(1, 2), sv.view(G * C, 3 * B, T)).view(G, C, T, T))
+    return dv, dh
+
+
 def _conv_forward(vf: torch.Tensor, hf: torch.Tensor, direct: bool, padded: torch.Tensor | None = None,
-                  norm: str = "backward"):
+                  norm: str = "backward", mm: str = "fp32"):
     """The causal convolution of vf (G, B, C, T) with hf (G, C, T), both float32 (float64), and what its adjoint
     keeps: the spectra V (G, B, C, F) and H (G, 1, C, F) of FFTs of size ``fft_size(T)``, or with ``direct`` the
     Toeplitz matrices M (G, C, T, T) (float32 products, autocast off, as the FFTs). ``padded``: vf's buffer from
     ``_padded`` (vf its view), transformed as it is. ``norm``: torch's FFT norm of h's rfft and of the products' irfft
-    (``_fft_norm``: "forward" puts the 1/n into H); ``_conv_backward`` takes the same."""
+    (``_fft_norm``: "forward" puts the 1/n into H); ``_conv_backward`` takes the same. ``mm``: the Toeplitz products'
+    form (``_toeplitz_mm``): "fp32" the einsum in vf's dtype, "bf16x3" ``_bf16x3_forward`` (y then a view of a
+    (G, C, B, T) tensor; kept: v's and h's splits); ``_conv_backward`` takes the same."""
     T = vf.shape[-1]
     if direct:
-        M = toeplitz(hf)
         with torch.autocast(vf.device.type, enabled=False):
+            if mm == "bf16x3":
+                return _bf16x3_forward(vf, hf)
+            M = toeplitz(hf)
             return torch.einsum("gcts,gbcs->gbct", M, vf), (M,)
     n = fft_size(T)
     V = torch.fft.rfft(vf, n=n) if padded is None else torch.fft.rfft(padded)
@@ -126,14 +230,16 @@ def _conv_forward(vf: torch.Tensor, hf: torch.Tensor, direct: bool, padded: torc
 
 
 def _conv_backward(dz: torch.Tensor, vf: torch.Tensor, kept: tuple, direct: bool, need_v: bool, need_h: bool,
-                   padded: torch.Tensor | None = None, norm: str = "backward"):
+                   padded: torch.Tensor | None = None, norm: str = "backward", mm: str = "fp32"):
     """The convolution's adjoint at dz (G, B, C, T): (its value gradient, its filter gradient), either None where
     not needed; ``padded`` as for ``_conv_forward``. FFTs: dv = irfft(rfft(dz) · conj(H))[:T] (a correlation), dh =
     irfft(Σ_batch conj(V) rfft(dz))[:T]; each FFT of dz taken once. Toeplitz: dv = Mᵀ dz, dh the diagonal sums of
-    Σ_batch dz vᵀ (one batched product per channel)."""
+    Σ_batch dz vᵀ (one batched product per channel); with ``mm`` "bf16x3" (the forward's) ``_bf16x3_backward``."""
     if direct:
-        (M,) = kept
         with torch.autocast(dz.device.type, enabled=False):
+            if mm == "bf16x3":
+                return _bf16x3_backward(dz, kept, need_v, need_h)
+            (M,) = kept
             dv = torch.einsum("gcts,gbct->gbcs", M, dz) if need_v else None
             dh = diagonal_sums(torch.einsum("gbct,gbcs->gcts", dz, vf)) if need_h else None
         return dv, dh
@@ -151,8 +257,8 @@ def _step_forward(ctx, v, g, h, b, direct: bool):
     """One gated step g ⊙ (h ∗ v + b ⊙ v) of either Function: v, g (G, B, C, T), h (G, C, T), b (G, C)."""
     dt = _float(v)
     vf = v.to(dt)
-    ctx.norm = _fft_norm()
-    y, kept = _conv_forward(vf, h.to(dt), direct, norm=ctx.norm)
+    ctx.norm, ctx.mm = _fft_norm(), _toeplitz_mm(dt)
+    y, kept = _conv_forward(vf, h.to(dt), direct, norm=ctx.norm, mm=ctx.mm)
     z = torch.addcmul(y, vf, b.to(dt)[:, None, :, None])
     ctx.save_for_backward(vf, g, z, b, *kept)
     ctx.dtypes = v.dtype, h.dtype
@@ -167,7 +273,7 @@ def _step_backward(ctx, dout, direct: bool):
     dz = dout * g
     dg = (dout * z).to(g.dtype) if need_g else None
     db = (dz * vf).sum((1, 3)).to(b.dtype) if need_b else None
-    dvc, dh = _conv_backward(dz, vf, kept, direct, need_v, need_h, norm=ctx.norm)
+    dvc, dh = _conv_backward(dz, vf, kept, direct, need_v, need_h, norm=ctx.norm, mm=ctx.mm)
     dv = torch.addcmul(dvc, dz, b.to(dz.dtype)[:, None, :, None]).to(v_dtype) if need_v else None
     return dv, dg, None if dh is None else dh.to(h_dtype), db
 
@@ -322,7 +428,7 @@ class _HyenaOperator(torch.autograd.Function):
         G, B, T, W = u.shape
         N, C = h.shape[1], h.shape[2]
         dt = _float(u)
-        cf, ctx.norm = _channels_first(), _fft_norm()
+        cf, ctx.norm, ctx.mm = _channels_first(), _fft_norm(), _toeplitz_mm(dt)
         ut = transposed(u, u.dtype) if cf else u.transpose(-1, -2)     # (G, B, W, T): contiguous, or a view
         hf, bf = h.to(dt), b.to(dt)
         out = None if cf else u.new_empty(G, B, T, C)
@@ -335,7 +441,7 @@ class _HyenaOperator(torch.autograd.Function):
             v.copy_(ut[:, :, N * C:])
         kept = []
         for n in range(N):
-            y, conv = _conv_forward(v, hf[:, n], direct, pad, ctx.norm)
+            y, conv = _conv_forward(v, hf[:, n], direct, pad, ctx.norm, ctx.mm)
             z = torch.addcmul(y, v, bf[:, n, None, :, None])
             kept += [v, z, *conv]
             g = ut[:, :, n * C:(n + 1) * C]
@@ -383,7 +489,7 @@ class _HyenaOperator(torch.autograd.Function):
             torch.mul(d, z, out=dut[:, :, n * C:(n + 1) * C])     # the gate's gradient, in u's dtype
             if need_b:
                 db[:, n] = (dz * v).sum((1, 3))
-            dvc, dhn = _conv_backward(dz, v, conv, direct, True, need_h, pad, ctx.norm)
+            dvc, dhn = _conv_backward(dz, v, conv, direct, True, need_h, pad, ctx.norm, ctx.mm)
             if need_h:
                 dh[:, n] = dhn
             d = torch.addcmul(dvc, dz, b[:, n].to(dt)[:, None, :, None])

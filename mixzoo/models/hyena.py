@@ -11,7 +11,9 @@ gates and value, the layouts) is one autograd Function with each convolution's a
 chains one Function per step instead: each FFT step (the convolution, the bias and the gate; kernels ``fftconv``),
 with ``MIXZOO_HYENA_CONV=torch`` autograd's composition (the reference); the Toeplitz step as the composition, or
 with ``MIXZOO_HYENA_TOEPLITZ=fused`` its Function (``toeplitzconv``: 0.98-0.99x the composition's training step on
-an H100, so off).
+an H100, so off). Either Function's Toeplitz products (float32) with ``MIXZOO_HYENA_TOEPLITZ_MM=bf16x3``: bf16
+tensor-core GEMMs of the operands split into hi + lo, float32 accumulation, about 2^-16 relative a product
+(``mixzoo.kernels.fftconv``; the default ``fp32``: float32 einsums).
 """
 from __future__ import annotations
 

@@ -216,3 +216,72 @@ def test_stacked_graphed_training_with_the_operator_matches_separate_runs(L, mon
         worst = max(worst, max(abs(x["train_loss"] - y["train_loss"]) / abs(x["train_loss"]) for x, y in zip(a, b)))
     print(f"operator stacked+graphed-K3-vs-separate[hyena, length {L}]: largest relative difference {worst:.2e}")
     assert worst < 2e-2
+
+
+def _median_ms(fn, warmup: int = 5, reps: int = 20) -> float:
+    """The median over ``reps`` calls of fn's device time in ms (CUDA events around each call), after ``warmup``."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+@pytest.mark.parametrize("T", [128, 256])
+def test_bf16x3_toeplitz_products_against_float64_and_timed(T, monkeypatch):
+    """Hyena's operator at the Toeplitz lengths, at MAD's stacked shape (G = 6 models folded, batch 128, 128 channels,
+    order 2), u, h, b float32: with the Toeplitz products in bf16x3 (MIXZOO_HYENA_TOEPLITZ_MM=bf16x3: bf16 tensor-core
+    GEMMs, float32 output and accumulation) the output and the gradients of u, h, b within 1e-4 relative (norm) of the
+    operator in float64 at the same values, as on the CPU (tests/test_fftconv.py: 4e-6 to 1.5e-5 there, plain bf16
+    products 2e-3 to 4e-3); fp32's errors printed beside. bf16x3's forward and backward replayed from a CUDA graph give
+    the eager call's numbers. Then the operator's forward+backward timed with either form (u in bf16, as autocast hands
+    it in training; CUDA events, median of 20 after 5 warm-ups), printed."""
+    from mixzoo import kernels
+    from mixzoo.kernels import fftconv as F
+    monkeypatch.setenv("MIXZOO_HYENA_OP", "fused")
+    monkeypatch.delenv("MIXZOO_HYENA_LAYOUT", raising=False)        # the default, channels-first layout
+    g = torch.Generator(device="cuda").manual_seed(T)
+    G, B, C, N = 6, 128, 128, 2
+    u = torch.randn(G, B, T, (N + 1) * C, device="cuda", generator=g)
+    h = torch.randn(G, N, C, T, device="cuda", generator=g) * torch.exp(-torch.arange(T, device="cuda") / 100.)
+    b = torch.randn(G, N, C, device="cuda", generator=g)
+    do = torch.randn(G, B, T, C, device="cuda", generator=g)
+
+    def step(ins, d):
+        y = F._HyenaOperator.apply(*ins, True)
+        return [y.detach(), *torch.autograd.grad(y, ins, d)]
+    hi = [t.double().requires_grad_() for t in (u, h, b)]
+    want = step(hi, do.double())
+    del hi
+    errs = {}
+    for mm in ("fp32", "bf16x3"):
+        monkeypatch.setenv("MIXZOO_HYENA_TOEPLITZ_MM", mm)
+        kernels.reset()
+        got = step([t.clone().requires_grad_() for t in (u, h, b)], do)
+        errs[mm] = [rel(a, w) for a, w in zip(got, want)]
+        assert ("toeplitz-bf16x3" in (kernels.ran() or "").split(",")) == (mm == "bf16x3"), kernels.ran()
+    del want, got
+    print(f"\nT={T} relative errors against float64 (y, du, dh, db): "
+          + ", ".join(f"{mm} [{', '.join(f'{e:.1e}' for e in es)}]" for mm, es in errs.items()))
+    assert max(errs["bf16x3"]) < 1e-4, errs
+
+    ins = [t.clone().requires_grad_() for t in (u, h, b)]       # bf16x3 still on: eager against a graph's replay
+    eager = step(ins, do)
+    outs, _graph = _replayed(lambda: step(ins, do))
+    assert all(torch.equal(a, w) for a, w in zip(outs, eager))
+    del outs, _graph, eager
+
+    ins = [u.to(torch.bfloat16).requires_grad_(), h.clone().requires_grad_(), b.clone().requires_grad_()]
+    dob = do.to(torch.bfloat16)
+    ms = {}
+    for mm in ("fp32", "bf16x3"):
+        monkeypatch.setenv("MIXZOO_HYENA_TOEPLITZ_MM", mm)
+        ms[mm] = _median_ms(lambda: step(ins, dob))
+    print(f"T={T} G={G} B={B} C={C} N={N} operator forward+backward ({torch.cuda.get_device_name()}): "
+          f"fp32 {ms['fp32']:.3f} ms, bf16x3 {ms['bf16x3']:.3f} ms ({ms['fp32'] / ms['bf16x3']:.2f}x)")
