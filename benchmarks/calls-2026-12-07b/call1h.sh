@@ -4,9 +4,10 @@
 # 2. gdn, GLA and MesaNet with the gated output norm as one kernel (MIXZOO_GATED_NORM=fused) and as the default
 #    (torch), stacked+graphed K = 6 at MAD's four lengths (call1.sh).
 # 3. GPU tests: Hyena's fftconv (bf16x3 against float64, timed) and the gated norm's kernel.
-# 4. With the time left: Hyena at 512 and 1024 on Toeplitz products in bf16x3 against the FFTs; the training tests
-#    (graphed against eager, stacked against separate runs) of gdn, GLA, MesaNet with the fused norm and of Hyena with
-#    bf16x3. Each configuration in its own process, back to back. BUDGET: seconds for it all.
+# 4. The training tests (graphed against eager, stacked against separate runs) of gdn, GLA, MesaNet with the fused
+#    norm and of Hyena with bf16x3; then, with the time left, the floor and the eight at lengths 32 and 64 (MAD's
+#    compression and memorization settings, so far scaled down from 128 in the projection). Each configuration in its
+#    own process, back to back. BUDGET: seconds for it all.
 set -o pipefail
 export END=$(( $(date +%s) + ${BUDGET:-540} ))
 left() { echo $(( END - $(date +%s) )); }
@@ -20,12 +21,13 @@ MIXZOO_GATED_NORM=torch TPN=-gated-torch TP_ARGS="$S4 gdn gla mesa" T=110 bash s
 echo "== tests at $(date +%T), left $(left)"
 GTN=-tests K="tests/gpu/test_fftconv_gpu.py tests/gpu/test_fused_kernels_gpu.py" KEXPR="bf16x3 or gate_after or norms_take" \
   T=90 bash scripts/gpu-zoo.sh gputests
-[ $(left) -gt 130 ] && TPN=-hyena-fft TP_ARGS="--shape mad512,mad1024 $S hyena" T=50 bash scripts/gpu-zoo.sh tput
-[ $(left) -gt 100 ] && MIXZOO_HYENA_PATH=toeplitz MIXZOO_HYENA_TOEPLITZ_MM=bf16x3 TPN=-hyena-toeplitz-bf16x3 \
-  TP_ARGS="--shape mad512,mad1024 $S hyena" T=60 bash scripts/gpu-zoo.sh tput
 echo "== training tests at $(date +%T), left $(left)"
-[ $(left) -gt 40 ] && MIXZOO_GATED_NORM=fused MIXZOO_HYENA_TOEPLITZ_MM=bf16x3 GTN=-training \
-  KEXPR="gdn or gla or mesa or hyena" K=tests/gpu/test_throughput_gpu.py T=$(( $(left) - 12 )) bash scripts/gpu-zoo.sh gputests
+MIXZOO_GATED_NORM=fused MIXZOO_HYENA_TOEPLITZ_MM=bf16x3 GTN=-training KEXPR="gdn or gla or mesa or hyena" \
+  K=tests/gpu/test_throughput_gpu.py T=$(( $(left) > 200 ? 150 : $(left) - 40 )) bash scripts/gpu-zoo.sh gputests
+echo "== short lengths at $(date +%T), left $(left)"
+[ $(left) -gt 60 ] && TPN=-short-k6 TP_ARGS="--plugin benchmarks/floor_mixer.py --shape mad32,mad64 $S \
+  --budget-s $(( $(left) - 45 )) floor softmax gdn gla mesa lla parallax mamba hyena" T=$(( $(left) - 12 )) \
+  bash scripts/gpu-zoo.sh tput
 for f in logs/throughput-*.md; do echo "== $f"; grep -E "stacked" $f | head -n 12; done
 grep -h -E "passed|failed|^FAILED|^ERROR|bf16x3|fp32 " logs/gputests-*.log | tail -n 30
 echo "== end $(date +%T), left $(left)"
