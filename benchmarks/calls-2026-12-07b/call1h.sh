@@ -22,7 +22,7 @@ echo "== tests at $(date +%T), left $(left)"
 GTN=-tests K="tests/gpu/test_fftconv_gpu.py tests/gpu/test_fused_kernels_gpu.py" KEXPR="bf16x3 or gate_after or norms_take" \
   T=90 bash scripts/gpu-zoo.sh gputests
 echo "== training tests at $(date +%T), left $(left)"
-MIXZOO_GATED_NORM=fused MIXZOO_HYENA_TOEPLITZ_MM=bf16x3 GTN=-training KEXPR="gdn or gla or mesa or hyena" \
+[ $(left) -gt 60 ] && MIXZOO_GATED_NORM=fused MIXZOO_HYENA_TOEPLITZ_MM=bf16x3 GTN=-training KEXPR="gdn or gla or mesa or hyena" \
   K=tests/gpu/test_throughput_gpu.py T=$(( $(left) > 200 ? 150 : $(left) - 40 )) bash scripts/gpu-zoo.sh gputests
 echo "== short lengths at $(date +%T), left $(left)"
 [ $(left) -gt 60 ] && TPN=-short-k6 TP_ARGS="--plugin benchmarks/floor_mixer.py --shape mad32,mad64 $S \
