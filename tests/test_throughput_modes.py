@@ -240,7 +240,10 @@ def test_mad_projection_reads_each_setting_s_step_time_at_its_length(tmp_path):
     pts = {128: 0.01, 256: 0.025, 1024: 0.2}
     assert step_time_at(pts, 256) == (0.025, False)
     assert step_time_at(pts, 512) == (pytest.approx(0.025 + (512 - 256) / (1024 - 256) * (0.2 - 0.025)), False)
-    assert step_time_at(pts, 64) == (pytest.approx(0.005), True)
+    assert step_time_at(pts, 64) == (pytest.approx(0.005), True)     # the line through 128 and 256 is lower
+    # below the shortest length: the line through the two shortest where it is above scaling in L (a fixed part)
+    assert step_time_at({128: 0.01, 256: 0.015}, 64) == (pytest.approx(0.0075), True)
+    assert step_time_at({128: 0.01}, 64) == (pytest.approx(0.005), True)
     assert step_time_at(pts, 2048) == (pytest.approx(0.4), True)
     rates = {128: 100.0, 256: 40.0, 1024: 5.0}
     shape_of = {L: n for n, L in MAD_LENGTHS.items()}
