@@ -265,21 +265,31 @@ def test_the_operator_is_the_chained_steps_bit_for_bit(fused, monkeypatch, T, N,
         assert float((got[3] - want[3]).norm()) <= 1e-6 * float(want[3].norm())
 
 
-@pytest.mark.parametrize("direct", [True, False])
-def test_the_operator_folded_under_vmap_is_the_loop_of_models(fused, monkeypatch, direct):
+@pytest.mark.parametrize("direct,mm", [(True, None), (False, None), (True, "bf16x3")])
+def test_the_operator_folded_under_vmap_is_the_loop_of_models(fused, monkeypatch, direct, mm):
+    """K = 3 models in one call of 3 groups give each model's own call: in float64 (to its rounding), and in float32
+    with the Toeplitz products in bf16x3 (within float32 reordering)."""
     from mixzoo.models import _fla
     from mixzoo.train.vmapfold import folding
     monkeypatch.setenv("MIXZOO_HYENA_OP", "fused")
+    dt = torch.float64
+    if mm is not None:
+        monkeypatch.setenv("MIXZOO_HYENA_TOEPLITZ_MM", mm)
+        dt = torch.float32
     gen = torch.Generator().manual_seed(5)
     K, B, T, C, N = 3, 2, 40, 4, 2
-    u = torch.randn(K, B, T, (N + 1) * C, generator=gen, dtype=torch.float64)
-    h, b = torch.randn(K, N, C, T, generator=gen, dtype=torch.float64), torch.randn(K, N, C, generator=gen, dtype=torch.float64)
+    u = torch.randn(K, B, T, (N + 1) * C, generator=gen, dtype=dt)
+    h, b = torch.randn(K, N, C, T, generator=gen, dtype=dt), torch.randn(K, N, C, generator=gen, dtype=dt)
+    if mm is not None:                                  # filters decaying along the lag, as Hyena's window makes them
+        h = h * torch.exp(-torch.arange(T) / 30.)
     ins = [x.clone().requires_grad_() for x in (u, h, b)]
     calls, real = [], F._HyenaOperator.apply
 
     def spy(*a):
         calls.append(tuple(a[0].shape))
         return real(*a)
+    from mixzoo import kernels
+    kernels.reset()
     with folding():
         op = _fla._op("mixzoo.kernels.fftconv", "hyena_operator")
         try:
@@ -288,11 +298,17 @@ def test_the_operator_folded_under_vmap_is_the_loop_of_models(fused, monkeypatch
         finally:
             F._HyenaOperator.apply = real
     assert calls == [(K, B, T, (N + 1) * C)]
-    do = torch.randn(K, B, T, C, generator=gen, dtype=torch.float64)
+    assert ("toeplitz-bf16x3" in kernels.RAN) == (mm == "bf16x3")
+    do = torch.randn(K, B, T, C, generator=gen, dtype=dt)
     grads = torch.autograd.grad(out, ins, do)
     for k in range(K):
         one = [x[k].clone().requires_grad_() for x in (u, h, b)]
         o = F.hyena_operator(*one, direct)
+        if mm is not None:
+            for got, want in zip([out[k], *(g[k] for g in grads)], [o, *torch.autograd.grad(o, one, do[k])]):
+                got, want = got.detach(), want.detach()
+                assert float((got - want).norm()) <= 1e-6 * float(want.norm()), (k, float((got - want).norm()))
+            continue
         torch.testing.assert_close(out[k], o, rtol=1e-12, atol=1e-12)
         for got, want in zip(grads, torch.autograd.grad(o, one, do[k])):
             torch.testing.assert_close(got[k], want, rtol=1e-10, atol=1e-12)
@@ -533,38 +549,3 @@ def test_fp32_is_the_float32_einsums_bit_for_bit(fused, monkeypatch, mm):
     monkeypatch.setenv("MIXZOO_HYENA_TOEPLITZ_MM", "bf16x3")
     y64, kept64 = F._conv_forward(vf.double(), hf.double(), True, mm=F._toeplitz_mm(torch.float64))
     assert torch.equal(y64, _conv_einsums(vf.double(), F.toeplitz(hf.double()), vf.double())[0]) and len(kept64) == 1
-
-
-def test_bf16x3_folded_under_vmap_is_the_loop_of_models(fused, monkeypatch):
-    """As test_the_operator_folded_under_vmap_is_the_loop_of_models, in float32 with the products in bf16x3: K = 3
-    models in one call of 3 groups give each model's own call, within float32 reordering."""
-    from mixzoo.models import _fla
-    from mixzoo.train.vmapfold import folding
-    monkeypatch.setenv("MIXZOO_HYENA_OP", "fused")
-    monkeypatch.setenv("MIXZOO_HYENA_TOEPLITZ_MM", "bf16x3")
-    gen = torch.Generator().manual_seed(5)
-    K, B, T, C, N = 3, 2, 40, 4, 2
-    u = torch.randn(K, B, T, (N + 1) * C, generator=gen)
-    h, b = torch.randn(K, N, C, T, generator=gen) * torch.exp(-torch.arange(T) / 30.), torch.randn(K, N, C, generator=gen)
-    ins = [x.clone().requires_grad_() for x in (u, h, b)]
-    calls, real = [], F._HyenaOperator.apply
-
-    def spy(*a):
-        calls.append(tuple(a[0].shape))
-        return real(*a)
-    with folding():
-        op = _fla._op("mixzoo.kernels.fftconv", "hyena_operator")
-        try:
-            F._HyenaOperator.apply = spy
-            out = torch.func.vmap(op, in_dims=(0, 0, 0, None))(*ins, True)
-        finally:
-            F._HyenaOperator.apply = real
-    assert calls == [(K, B, T, (N + 1) * C)]
-    do = torch.randn(K, B, T, C, generator=gen)
-    grads = torch.autograd.grad(out, ins, do)
-    for k in range(K):
-        one = [x[k].clone().requires_grad_() for x in (u, h, b)]
-        o = F.hyena_operator(*one, True)
-        for got, want in zip([out[k], *(g[k] for g in grads)], [o, *torch.autograd.grad(o, one, do[k])]):
-            got, want = got.detach(), want.detach()
-            assert float((got - want).norm()) <= 1e-6 * float(want.norm()), (k, float((got - want).norm()))
