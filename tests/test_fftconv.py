@@ -495,6 +495,17 @@ def test_bf16x3_step_against_float64(fused, monkeypatch):
     assert max(errs16) > 5e-4, errs16
 
 
+@pytest.mark.parametrize("parts_first", [True, False])
+def test_bf16x3_toeplitz_parts_are_each_part_s_toeplitz_matrix(parts_first):
+    """_toeplitz_parts: the three parts' Toeplitz matrices, M_p = toeplitz(hp[p]) bit for bit, contiguous in the layout
+    its GEMM reads ([p, t, s] for dv's, [t, p, s] for the forward's)."""
+    hp = torch.randn(2, 3, 3, 37, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    got = F._toeplitz_parts(hp, parts_first)
+    assert got.is_contiguous() and got.dtype == torch.bfloat16
+    for p in range(3):
+        assert torch.equal(got[:, :, p] if parts_first else got[:, :, :, p], F.toeplitz(hp[:, :, p]))
+
+
 def _conv_einsums(vf, M, dz):
     """The Toeplitz products as fftconv forms them without bf16x3: einsums (y, dv, dh) with M = toeplitz(h)."""
     return (torch.einsum("gcts,gbcs->gbct", M, vf), torch.einsum("gcts,gbct->gbcs", M, dz),

@@ -155,15 +155,14 @@ def _split(x: torch.Tensor, lo: int) -> torch.Tensor:
 
 
 def _toeplitz_parts(hp: torch.Tensor, parts_first: bool) -> torch.Tensor:
-    """hp (G, C, 3, T), h's split -> the three parts' Toeplitz matrices M_p[t, s] = hp[p, t-s] (s <= t, else 0) in one
-    gather, bf16: (G, C, 3, T, T) [p, t, s] with ``parts_first`` (the parts stacked along t: dv's GEMM), else
-    (G, C, T, 3, T) [t, p, s] (along s: the forward's). Toeplitz of h's split is the split of ``toeplitz(h)``."""
+    """hp (G, C, 3, T), h's split -> the three parts' Toeplitz matrices M_p[t, s] = hp[p, t-s] (s <= t, else 0), bf16,
+    contiguous: (G, C, 3, T, T) [p, t, s] with ``parts_first`` (the parts stacked along t: dv's GEMM), else
+    (G, C, T, 3, T) [t, p, s] (along s: the forward's). As ``toeplitz`` builds M: windows of hp padded by T-1 zeros in
+    front (a view), flipped in one copy whose offsets are computed, not read from an index tensor (a gather would read
+    an 8-byte index for each 2-byte element). Toeplitz of h's split is the split of ``toeplitz(h)``."""
     T = hp.shape[-1]
-    q = torch.nn.functional.pad(hp, (T, 0)).flatten(-2)          # (G, C, 6T): hp[p, k] at 2T·p + T + k, zeros before
-    i = torch.arange(T, device=hp.device)
-    lag = i[:, None] - i[None, :] + T                             # [t, s]: T + t - s, among the zeros where s > t
-    idx = torch.arange(0, 6 * T, 2 * T, device=hp.device)[:, None, None] + lag     # [p, t, s]
-    return q[..., idx if parts_first else idx.transpose(0, 1).contiguous()]
+    w = torch.nn.functional.pad(hp, (T - 1, 0)).unfold(-1, T, 1)   # (G, C, 3, T, T): w[p, t, j] = hp[p, t + j - T + 1]
+    return (w if parts_first else w.permute(0, 1, 3, 2, 4)).flip(-1).contiguous()
 
 
 def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
