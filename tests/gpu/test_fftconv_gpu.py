@@ -8,7 +8,7 @@ import copy
 
 import pytest
 import torch
-from layer_check import layer_grads, rel
+from layer_check import layer_grads, rel, timed
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -218,21 +218,6 @@ def test_stacked_graphed_training_with_the_operator_matches_separate_runs(L, mon
     assert worst < 2e-2
 
 
-def _median_ms(fn, warmup: int = 5, reps: int = 20) -> float:
-    """The median over ``reps`` calls of fn's device time in ms (CUDA events around each call), after ``warmup``."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
-
-
 @pytest.mark.parametrize("T", [128, 256])
 def test_bf16x3_toeplitz_products_against_float64_and_timed(T, monkeypatch):
     """Hyena's operator at the Toeplitz lengths, at MAD's stacked shape (G = 6 models folded, batch 128, 128 channels,
@@ -241,7 +226,7 @@ def test_bf16x3_toeplitz_products_against_float64_and_timed(T, monkeypatch):
     operator in float64 at the same values, as on the CPU (tests/test_fftconv.py: 4e-6 to 1.5e-5 there, plain bf16
     products 2e-3 to 4e-3); fp32's errors printed beside. bf16x3's forward and backward replayed from a CUDA graph give
     the eager call's numbers. Then the operator's forward+backward timed with either form (u in bf16, as autocast hands
-    it in training; CUDA events, median of 20 after 5 warm-ups), printed."""
+    it in training; layer_check.timed's eager loop: best of 2 rounds of 50 calls), printed."""
     from mixzoo import kernels
     from mixzoo.kernels import fftconv as F
     monkeypatch.setenv("MIXZOO_HYENA_OP", "fused")
@@ -282,6 +267,6 @@ def test_bf16x3_toeplitz_products_against_float64_and_timed(T, monkeypatch):
     ms = {}
     for mm in ("fp32", "bf16x3"):
         monkeypatch.setenv("MIXZOO_HYENA_TOEPLITZ_MM", mm)
-        ms[mm] = _median_ms(lambda: step(ins, dob))
+        ms[mm] = timed(lambda: step(ins, dob), graph=False)
     print(f"T={T} G={G} B={B} C={C} N={N} operator forward+backward ({torch.cuda.get_device_name()}): "
           f"fp32 {ms['fp32']:.3f} ms, bf16x3 {ms['bf16x3']:.3f} ms ({ms['fp32'] / ms['bf16x3']:.2f}x)")

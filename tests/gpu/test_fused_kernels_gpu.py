@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from layer_check import timed
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -67,53 +68,11 @@ def test_fused_and_pytorch_forms_timed_side_by_side():
     from mixzoo.kernels import swiglu as S
     h = torch.randn(128, 128, 2 * 352, device="cuda").bfloat16().requires_grad_()
     do = torch.randn(128, 128, 352, device="cuda").bfloat16()
-    best = {name: _timed(lambda fn=fn: fn(h).backward(do)) for name, fn in (("torch", S.swiglu_torch),
+    best = {name: timed(lambda fn=fn: fn(h).backward(do)) for name, fn in (("torch", S.swiglu_torch),
                                                                             ("kernel", S.swiglu))}
     print(f"\nswiglu forward+backward at 128 x 128 x 2*352 bf16: PyTorch form {best['torch']:.3f} ms, "
           f"kernels {best['kernel']:.3f} ms ({best['torch'] / best['kernel']:.2f}x)")
     assert best["kernel"] <= 1.05 * best["torch"]
-
-
-def _timed(fn, rounds: int = 2, iters: int = 50, graph: bool = True) -> float:
-    """Best over ``rounds`` of the mean ms of ``fn()`` (a forward and backward) as a CUDA graph replayed
-    ``iters`` times: the device's time, as graphed and stacked+graphed steps run it (an eager loop of
-    these small calls measures the host's launches instead). ``graph=False``: the eager loop (for
-    calls this harness cannot capture: on the H200 the short convolution's and the SSD layer's
-    captures here failed with cudaErrorStreamCaptureImplicit, while the trainer's captured steps with
-    the same kernels run, tests/gpu/test_throughput_gpu.py)."""
-    if not graph:
-        best = float("inf")
-        for _ in range(rounds):
-            for _ in range(3):
-                fn()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(iters):
-                fn()
-            end.record()
-            torch.cuda.synchronize()
-            best = min(best, start.elapsed_time(end) / iters)
-        return best
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    best = float("inf")
-    for _ in range(rounds):
-        graph.replay()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        best = min(best, start.elapsed_time(end) / iters)
-    return best
 
 
 def test_rms_norm_kernels_match_the_pytorch_form_here():
@@ -173,7 +132,7 @@ def test_the_norms_take_the_kernels_and_stacking_folds_them(monkeypatch):
         torch.testing.assert_close(y.float(), ref.float(), rtol=1e-5, atol=1e-5)
 
 
-def test_gate_after_the_norm_matches_and_is_timed(monkeypatch):
+def test_gate_after_the_norm_matches_and_istimed(monkeypatch):
     """The gated output norm of gdn, GLA and MesaNet (``GatedNorm``: the norm of each head, then times silu of the
     gate) at the mad recipe's 16 heads of 8 (6 x 128 sequences of 1024, bf16, the gate a split view of a wider
     projection): ``rms_norm_gate``'s kernel against float64 beside the PyTorch form; then the layer forward and
@@ -210,7 +169,7 @@ def test_gate_after_the_norm_matches_and_is_timed(monkeypatch):
     t = {}
     for sw in ("fused", "torch"):
         monkeypatch.setenv("MIXZOO_GATED_NORM", sw)
-        t[sw] = _timed(lambda: m(o, wd[..., 3 * H * D:4 * H * D]).backward(dy.view(B, T, H * D)), iters=10)
+        t[sw] = timed(lambda: m(o, wd[..., 3 * H * D:4 * H * D]).backward(dy.view(B, T, H * D)), iters=10)
     print(f"GatedNorm(8) forward+backward at {B} x {T} tokens of 16 heads, ms: kernel {t['fused']:.3f}, "
           f"PyTorch form {t['torch']:.3f} ({t['torch'] / t['fused']:.2f}x)")
     assert t["fused"] < t["torch"]
@@ -245,14 +204,14 @@ def test_rms_norm_forms_timed_side_by_side(monkeypatch):
             monkeypatch.setenv(k, v)
         label = " ".join(f"{k}={v}" for k, v in env.items()) or "kernel"
         if "MIXZOO_FOLD_RMS_NORM" not in env:
-            t[f"one model, {label}"] = _timed(lambda: n(x).backward(dy))
-        t[f"16 stacked, {label}"] = _timed(stacked, rounds=2, iters=10)
+            t[f"one model, {label}"] = timed(lambda: n(x).backward(dy))
+        t[f"16 stacked, {label}"] = timed(stacked, rounds=2, iters=10)
     print("\nRMSNorm(128) forward+backward at 128 x 128 tokens, ms: " + "; ".join(f"{k} {v:.3f}" for k, v in t.items()))
     assert t["one model, kernel"] <= 1.05 * t["one model, MIXZOO_RMSNORM=torch"]
     assert t["16 stacked, kernel"] <= 1.05 * t["16 stacked, MIXZOO_RMSNORM=torch"]
 
 
-def test_rope_kernel_matches_the_pytorch_form_here_and_is_timed(monkeypatch):
+def test_rope_kernel_matches_the_pytorch_form_here_and_istimed(monkeypatch):
     """q's rotary embedding at the mad recipe's layer (batch 128, 16 heads of 8, length 128) from the
     projection's strided view, bf16: against float64 beside the model's PyTorch form, then both timed
     forward+backward side by side."""
@@ -275,7 +234,7 @@ def test_rope_kernel_matches_the_pytorch_form_here_and_is_timed(monkeypatch):
         y.backward(dy)
         errs[name] = (_rel(y, want.detach()), _rel(xx.grad, xr.grad))
         xt = x.detach().requires_grad_()
-        t[name] = _timed(lambda xt=xt: rope(xt).backward(dy))
+        t[name] = timed(lambda xt=xt: rope(xt).backward(dy))
     monkeypatch.delenv("MIXZOO_ROPE", raising=False)
     print(f"\nrope bf16 (128, 16, 128, 8) against float64, out / dx: kernel {errs['kernel'][0]:.2e} / "
           f"{errs['kernel'][1]:.2e}, PyTorch form {errs['torch'][0]:.2e} / {errs['torch'][1]:.2e}; forward+backward "
@@ -311,7 +270,7 @@ def test_a_stacked_softmax_layer_folds_the_rope_kernel(monkeypatch):
     torch.testing.assert_close(y.float(), ref.float(), rtol=2e-2, atol=2e-3)
 
 
-def test_short_convolution_kernels_match_fold_and_are_timed(monkeypatch):
+def test_short_convolution_kernels_match_fold_and_aretimed(monkeypatch):
     """gdn's ConvAct at the mad recipe (128 x 128 tokens, 3 x 128 channels, width 4) under bf16
     autocast: the kernels against float64 beside the PyTorch form; 4 stacked models as one call; both
     forms timed forward+backward, one model and 16 stacked (where PyTorch's depthwise weight gradient
@@ -347,7 +306,7 @@ def test_short_convolution_kernels_match_fold_and_are_timed(monkeypatch):
         def one(xx=xx):
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 m(xx).backward(dy.bfloat16())
-        t[f"one model, {form}"] = _timed(one, graph=False)
+        t[f"one model, {form}"] = timed(one, graph=False)
         ms = [ConvAct(384, 4).cuda() for _ in range(16)]
         params, bufs = stack_module_state(ms)
         xs = torch.randn(16, 128, 128, 384, device="cuda", requires_grad=True)
@@ -357,7 +316,7 @@ def test_short_convolution_kernels_match_fold_and_are_timed(monkeypatch):
             with torch.autocast("cuda", dtype=torch.bfloat16), folding():
                 y = vmap(lambda p, b, xi: functional_call(ms[0], (p, b), (xi,)))(params, bufs, xs)
             y.backward(dys)
-        t[f"16 stacked, {form}"] = _timed(stacked, iters=10, graph=False)
+        t[f"16 stacked, {form}"] = timed(stacked, iters=10, graph=False)
     monkeypatch.delenv("MIXZOO_CONV", raising=False)
     print("\nConvAct(384, 4) bf16 against float64, out / dx / dw / db: kernel "
           + " / ".join(f"{e:.1e}" for e in errs["kernel"]) + ", PyTorch form " + " / ".join(f"{e:.1e}" for e in errs["torch"])
@@ -380,7 +339,7 @@ def test_short_convolution_kernels_match_fold_and_are_timed(monkeypatch):
     assert t["16 stacked, kernel"] <= 1.05 * t["16 stacked, torch"]      # eager: the 16-stacked call is device-bound
 
 
-def test_ssd_intra_kernels_match_fold_and_are_timed(monkeypatch):
+def test_ssd_intra_kernels_match_fold_and_aretimed(monkeypatch):
     """Mamba-2's within-chunk SSD part at the mad recipe (batch 128, length 128 in chunks of 64, 16
     heads of 16, state 64), float32 with full float32 products (``MIXZOO_SSD_DOT=ieee``; the default bf16
     form is test_ssd_bf16_products_side_by_side's): the kernels against float64 beside the PyTorch form; a
@@ -431,8 +390,8 @@ def test_ssd_intra_kernels_match_fold_and_are_timed(monkeypatch):
     for name, env in (("kernel", None), ("torch", "torch")):
         if env:
             monkeypatch.setenv("MIXZOO_SSD", env)
-        t[f"one layer, {name}"] = _timed(one, graph=False)
-        t[f"16 stacked, {name}"] = _timed(stacked, iters=5, graph=False)
+        t[f"one layer, {name}"] = timed(one, graph=False)
+        t[f"16 stacked, {name}"] = timed(stacked, iters=5, graph=False)
     monkeypatch.delenv("MIXZOO_SSD", raising=False)
     assert m.backend == "torch-chunk"
     print("\nssd intra float32 against float64, out / dq / dk / dv / dg / dks: kernel "
@@ -458,7 +417,7 @@ SSD_BF16_TIMES = r"""
 import json, os, sys
 import torch
 sys.path.insert(0, os.path.join(os.getcwd(), "tests", "gpu"))
-from test_fused_kernels_gpu import _timed
+from layer_check import timed
 from mixzoo.registry import build_mixer, get_mixer, load_builtins
 load_builtins()
 out = {}
@@ -472,7 +431,7 @@ for L in (128, 1024):
         y.float().square().mean().backward()
     for f in ("ieee", "bf16", "ieee"):
         os.environ["MIXZOO_SSD_DOT"] = f
-        out[f"L{L} {f}"] = min(out.get(f"L{L} {f}", float("inf")), _timed(one, graph=False, iters=20))
+        out[f"L{L} {f}"] = min(out.get(f"L{L} {f}", float("inf")), timed(one, graph=False, iters=20))
 print("RESULT", json.dumps(out), flush=True)
 """
 
@@ -501,7 +460,7 @@ def test_ssd_bf16_products_side_by_side():
     assert max(max(e) for e in errs["bf16"]) < 2e-2, errs
 
 
-def test_residual_add_and_norm_match_and_are_timed(monkeypatch):
+def test_residual_add_and_norm_match_and_aretimed(monkeypatch):
     """``add_rms_norm`` (a block's residual add and the next norm in one kernel each way) at MAD's shape against
     float64 beside the PyTorch form, and a whole pre-norm step of it (float32 stream, bf16 branch output, its
     gradient from the stream and from the norm) timed against the add then the norm's kernel
@@ -554,8 +513,8 @@ def test_residual_add_and_norm_match_and_are_timed(monkeypatch):
     for env in ("1", "0"):
         monkeypatch.setenv("MIXZOO_FUSE_ADD", env)
         label = "fused" if env == "1" else "MIXZOO_FUSE_ADD=0"
-        t[f"one model, {label}"] = _timed(one)
-        t[f"6 stacked, {label}"] = _timed(stacked, rounds=2, iters=10)
+        t[f"one model, {label}"] = timed(one)
+        t[f"6 stacked, {label}"] = timed(stacked, rounds=2, iters=10)
     print("residual add + RMSNorm(128) forward+backward at 128 x 128 tokens (a sum and a square on top), ms: "
           + "; ".join(f"{k} {v:.3f}" for k, v in t.items()))
     assert t["6 stacked, fused"] <= 1.05 * t["6 stacked, MIXZOO_FUSE_ADD=0"]
