@@ -25,8 +25,9 @@ models, MAD's baseline shape) with the Function against the composition: 1.16x a
 
 Up to ``mixzoo.models.hyena.DIRECT_MAX_LEN`` the convolution is a product with each channel's causal Toeplitz matrix M
 (``toeplitz``): forward y = M v, backward dv = Mᵀ dz and dh the diagonal sums of dH = Σ_batch dz vᵀ. In float32 these
-are float32 einsums, on a GPU CUDA-core FFMA GEMMs (about 13 % of Hyena's training step at length 128, an estimated
-28 % at 256). ``MIXZOO_HYENA_TOEPLITZ_MM=bf16x3`` computes the three on tensor cores instead, near float32's accuracy:
+are float32 einsums, on a GPU CUDA-core FFMA GEMMs (1.2 ms of the 9.2 ms a stacked K = 6 step at length 128 kept an
+H100 busy, 2026-12-07; four times that a sequence at 256). ``MIXZOO_HYENA_TOEPLITZ_MM=bf16x3`` computes the three on
+tensor cores instead, near float32's accuracy:
 each float32 operand x split as hi = bf16(x), lo = bf16(x − hi) (hi + lo is x within 2^-16 relative: bf16 keeps 8
 significant bits), and A·B ≈ hi_A·hi_B + hi_A·lo_B + lo_A·hi_B (lo·lo, of order 2^-16, dropped), the products of bf16
 numbers exact in float32 and summed in float32. So each product is off by about 2^-16 relative (plus float32's
@@ -138,7 +139,7 @@ def _toeplitz_mm(dtype: torch.dtype) -> str:
 # (hi, lo, hi), dz (hi, hi, lo). A product is then one GEMM over the parts concatenated along its contraction: the
 # forward's along s (v's and M's), dv's along t (dz's and M's), dH's along the batch (dz's and v's). v's and dz's
 # (G, C, B, 3, T) layout serves both of their products (parts after the batch, before the time), M's cannot (its two
-# products contract its two indices): the forward gathers M's parts as [t, p, s], the backward as [p, t, s].
+# products contract its two indices): the forward builds M's parts as [t, p, s], the backward as [p, t, s].
 _LO_M, _LO_V, _LO_DZ = 0, 1, 2
 _HI = {0: slice(1, 3), 1: slice(0, 3, 2), 2: slice(0, 2)}        # the two hi parts where lo is at 0, 1, 2
 
@@ -157,11 +158,10 @@ def _split(x: torch.Tensor, lo: int) -> torch.Tensor:
 def _toeplitz_parts(hp: torch.Tensor, parts_first: bool) -> torch.Tensor:
     """hp (G, C, 3, T), h's split -> the three parts' Toeplitz matrices M_p[t, s] = hp[p, t-s] (s <= t, else 0), bf16,
     contiguous: (G, C, 3, T, T) [p, t, s] with ``parts_first`` (the parts stacked along t: dv's GEMM), else
-    (G, C, T, 3, T) [t, p, s] (along s: the forward's). As ``toeplitz`` builds M: windows of hp padded by T-1 zeros in
-    front (a view), flipped in one copy whose offsets are computed, not read from an index tensor (a gather would read
-    an 8-byte index for each 2-byte element). Toeplitz of h's split is the split of ``toeplitz(h)``."""
-    T = hp.shape[-1]
-    w = torch.nn.functional.pad(hp, (T - 1, 0)).unfold(-1, T, 1)   # (G, C, 3, T, T): w[p, t, j] = hp[p, t + j - T + 1]
+    (G, C, T, 3, T) [t, p, s] (along s: the forward's). As ``toeplitz`` builds M: ``_windows`` of hp (a view), permuted
+    to the layout, flipped in one copy whose offsets are computed (a gather would read an 8-byte index for each 2-byte
+    element). Toeplitz of h's split is the split of ``toeplitz(h)``."""
+    w = _windows(hp)                                               # (G, C, 3, T, T) [p, t, j]
     return (w if parts_first else w.permute(0, 1, 3, 2, 4)).flip(-1).contiguous()
 
 
@@ -178,7 +178,7 @@ def _mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def _bf16x3_forward(vf: torch.Tensor, hf: torch.Tensor):
     """y = M v by bf16x3 (module docstring): vf (G, B, C, T), hf (G, C, T) float32 -> y (G, B, C, T) float32, a view
     of the GEMM's (G, C, B, T) output (no pass to reorder it), and what the backward keeps: v's split (G, C, B, 3, T)
-    (1.5x v's bytes; dH's operand) and h's (G, C, 3, T) (M's parts gathered again from it: M is not kept). One GEMM
+    (1.5x v's bytes; dH's operand) and h's (G, C, 3, T) (M's parts built again from it: M is not kept). One GEMM
     of G·C batches, (B, 3T) @ (3T, T)."""
     from . import RAN
     RAN.add("toeplitz-bf16x3")
@@ -332,11 +332,16 @@ gated_fft_conv.__mixzoo_fold__ = _folder(gated_fft_conv, lambda v, h: fft_causal
 # The same step at the lengths where Hyena convolves by products with each channel's causal Toeplitz matrix
 # (mixzoo.models.hyena.DIRECT_MAX_LEN): off by default until it is timed on a GPU (MIXZOO_HYENA_TOEPLITZ=fused).
 
-def toeplitz(h: torch.Tensor) -> torch.Tensor:
-    """h (..., C, T) -> M (..., C, T, T) with M[c, t, s] = h[c, t-s] for s <= t, else 0: windows of h padded by T-1
-    zeros in front, flipped."""
+def _windows(h: torch.Tensor) -> torch.Tensor:
+    """h (..., T) -> w (..., T, T), a view: w[t, j] = h[t + j - T + 1], zero where that index is negative (the windows
+    of h padded by T-1 zeros in front); flipped along j, the causal Toeplitz matrix of h."""
     T = h.shape[-1]
-    return torch.nn.functional.pad(h, (T - 1, 0)).unfold(-1, T, 1).flip(-1)
+    return torch.nn.functional.pad(h, (T - 1, 0)).unfold(-1, T, 1)
+
+
+def toeplitz(h: torch.Tensor) -> torch.Tensor:
+    """h (..., C, T) -> M (..., C, T, T) with M[c, t, s] = h[c, t-s] for s <= t, else 0: ``_windows`` of h, flipped."""
+    return _windows(h).flip(-1)
 
 
 def toeplitz_causal_conv(u: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
