@@ -265,8 +265,8 @@ MODE_SHAPES = {
 # MAD's baseline at the protocol's other lengths (task_specs §2.8: recall, fuzzy and noisy recall at 256, 512
 # and 1024, selective copying at 256 to 1024): 78 % of the protocol's model-steps x length is at L >= 256,
 # so the projection reads each setting's step time off rates measured at these lengths, not the baseline's.
-# Also the shorter ones (compression at 32 and 64, memorization at 32: 6 % of the model-steps): a step that
-# short is bound by its launches, not its length, so scaling the baseline's time down in L would understate it
+# Also the shorter ones (compression at 32 and 64, memorization at 32: 6 % of the model-steps): a step has a part
+# that does not shrink with L, so below the measured lengths the projection extrapolates (``step_time_at``)
 MAD_LENGTHS = {"mad": 128, "mad32": 32, "mad64": 64, "mad256": 256, "mad512": 512, "mad1024": 1024}
 for _name, _L in MAD_LENGTHS.items():
     if _name != "mad":
