@@ -3,6 +3,7 @@
     python benchmarks/profile_step.py [--mixers softmax,gdn] [--shape mad|tiny] [--stacked 8 [--graphed]]
                                       [--steps 3] [--warmup 5] [--top 15] [--by-source] [--out DIR]
     python benchmarks/profile_step.py --layer [--mixers softmax,mamba:backend=torch] ...
+    python benchmarks/profile_step.py --plugin benchmarks/floor_mixer.py --mixers floor ...
 
 ``--layer``: instead of the training step, one mixer layer's forward+backward as ``mixzoo bench mixers
 --shape mad`` times it (``NAME:KEY=V`` variants allowed), so its kernels can be read beside that table.
@@ -265,7 +266,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="profile one mixer layer's forward+backward (bench mixers --shape mad) instead")
     ap.add_argument("--device", default=None)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--plugin", action="append", default=[],
+                    help="a plugin file registering mixers (benchmarks/floor_mixer.py: the cost floor), repeatable")
     a = ap.parse_args(argv)
+    from mixzoo.registry import load_plugin_file
+    for f in a.plugin:
+        load_plugin_file(f)
     dev = torch.device(a.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if a.layer:
         from mixzoo.bench.mixers import label, parse_names
