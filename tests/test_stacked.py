@@ -334,29 +334,33 @@ def test_train_with_step_mode_stacked_is_one_stacked_run():
     assert math.isfinite(st.test["loss"]) and _close(eager.test["loss"], st.test["loss"])
 
 
+class _CumOp(torch.autograd.Function):
+    """o = cumsum_t(q * v) * a[h] on (B, T, H, D): an autograd.Function functorch cannot enter (ctx in forward, like
+    fla's), with a per-head parameter; its backward returns fresh contiguous gradients, as a Triton op's does."""
+
+    @staticmethod
+    def forward(ctx, q, v, a):
+        ctx.save_for_backward(q, v, a)
+        return (q * v).cumsum(1) * a[:, None]
+
+    @staticmethod
+    def backward(ctx, do):
+        q, v, a = ctx.saved_tensors
+        g = (do * a[:, None]).flip(1).cumsum(1).flip(1)
+        return g * v, g * q, (do * (q * v).cumsum(1)).sum((0, 1, 3))
+
+
+def _cum_op(q, v, *, a):
+    return _CumOp.apply(q, v, a), None
+
+
 def test_vmap_folds_a_custom_op_into_batch_or_heads():
-    """An autograd.Function functorch cannot enter (ctx in forward, like fla's), with a per-head
-    parameter, under vmap through ``foldable``: the same outputs and gradients as a loop over the
-    models, folding into the heads (a per-model (H,) parameter) or into the batch (none)."""
+    """A custom op with a per-head parameter under vmap through ``foldable``: the same outputs and gradients as a
+    loop over the models, folding into the heads (a per-model (H,) parameter) or into the batch (none)."""
     from torch.func import vmap
 
     from mixzoo.train.vmapfold import FoldError, FoldSpec, foldable
-
-    class Op(torch.autograd.Function):          # o = cumsum_t(q * v) * a[h], (B, T, H, D)
-        @staticmethod
-        def forward(ctx, q, v, a):
-            ctx.save_for_backward(q, v, a)
-            return (q * v).cumsum(1) * a[:, None]
-
-        @staticmethod
-        def backward(ctx, do):
-            q, v, a = ctx.saved_tensors
-            g = (do * a[:, None]).flip(1).cumsum(1).flip(1)
-            return g * v, g * q, (do * (q * v).cumsum(1)).sum((0, 1, 3))
-
-    def op(q, v, *, a):
-        return Op.apply(q, v, a), None
-
+    op = _cum_op
     torch.manual_seed(0)
     K, B, T, H, D = 3, 2, 5, 4, 3
     q, v = torch.randn(K, B, T, H, D, dtype=torch.float64, requires_grad=True), torch.randn(K, B, T, H, D, dtype=torch.float64)
@@ -375,6 +379,48 @@ def test_vmap_folds_a_custom_op_into_batch_or_heads():
     with pytest.raises(FoldError, match="needs a FoldSpec"):      # a per-model parameter not declared
         vmap(lambda q, v, a: batch(q, v, a=a)[0])(q, v, a)
     assert batch(q[0], v[0], a=shared)[0].shape == (B, T, H, D)  # outside vmap: the op itself
+
+
+@pytest.mark.parametrize("mode", ["views", "contiguous"])
+def test_heads_fold_hands_gradients_back_contiguous_for_a_split_s_cat(mode, monkeypatch):
+    """Mamba-2's pattern: the op's inputs are pieces of one projection's split, folded into the op's heads. With
+    ``MIXZOO_FOLD_HEADS_GRAD=contiguous`` every piece's gradient reaches the split's backward (a cat) contiguous (the
+    default hands it strided views of the op's folded gradient); the numbers are the loop's either way."""
+    from torch.func import vmap
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from mixzoo.train.vmapfold import FoldSpec, foldable
+    monkeypatch.setenv("MIXZOO_FOLD_HEADS_GRAD", mode)
+    torch.manual_seed(0)
+    K, B, T, H, D = 3, 2, 5, 4, 3
+    x = torch.randn(K, B, T, 2 * H * D, dtype=torch.float64, requires_grad=True)
+    a = torch.randn(K, H, dtype=torch.float64, requires_grad=True)
+
+    def layer(op, x, a):
+        q, v = x.split(H * D, dim=-1)
+        return op(q.view(B, T, H, D), v.view(B, T, H, D), a=a)[0]
+
+    ref = torch.stack([layer(_cum_op, x[k], a[k]) for k in range(K)])
+    want = torch.autograd.grad(ref.square().sum(), (x, a))
+    heads = foldable(_cum_op, "op", FoldSpec(frozenset({"a"})))
+    out = vmap(lambda x, a: layer(heads, x, a))(x, a)
+    torch.testing.assert_close(out, ref)
+
+    class Cats(TorchDispatchMode):
+        seen: list = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten.cat.default:
+                self.seen.append([t.is_contiguous() for t in args[0]])
+            return func(*args, **(kwargs or {}))
+
+    with Cats() as cats:
+        got = torch.autograd.grad(out.square().sum(), (x, a))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+    assert cats.seen, "the split's backward is a cat"
+    split_cats = [c for c in cats.seen if len(c) == 2]
+    assert split_cats and all(all(c) for c in split_cats) == (mode == "contiguous"), cats.seen
 
 
 @pytest.mark.parametrize("mode,calls", [(None, [4, 4, 4]), ("per-model", [4, 4, 4]), ("whole", [12])])

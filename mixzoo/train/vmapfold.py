@@ -206,6 +206,8 @@ class _Call:
                     out.append(t.repeat(K, *([1] * (t.dim() - 1))) if heads else t)
             elif d is None and (t.dim() == 0 or t.shape[0] != B):
                 out.append(t)                                            # shared, not per sequence
+            elif heads and d is not None and d != a and heads_grad() == "contiguous":
+                out.append(_HeadsIn.apply(t, d, a))                      # the same, its gradient contiguous
             elif heads:
                 t = t.movedim(d, a) if d is not None else t.unsqueeze(a).expand(*t.shape[:a], K, *t.shape[a:])
                 out.append(t.flatten(a, a + 1))                          # (B, T, K, H, ...) -> (B, T, K*H, ...)
@@ -227,6 +229,34 @@ class _Call:
             pairs = [unfold(r) for r in res]
             return type(res)(p[0] for p in pairs), tuple(p[1] for p in pairs)
         return unfold(res)
+
+
+def heads_grad() -> str:
+    """``MIXZOO_FOLD_HEADS_GRAD`` (``mixzoo.kernels.FOLD_HEADS_GRAD``; the first value is the default)."""
+    from ..kernels import FOLD_HEADS_GRAD
+    v = os.environ.get("MIXZOO_FOLD_HEADS_GRAD") or FOLD_HEADS_GRAD[0]
+    if v not in FOLD_HEADS_GRAD:
+        raise ValueError(f"MIXZOO_FOLD_HEADS_GRAD={v!r}; allowed: {', '.join(FOLD_HEADS_GRAD)}")
+    return v
+
+
+class _HeadsIn(torch.autograd.Function):
+    """A per-model input (model axis ``d``) moved into an op's heads (axis ``a``): ``t.movedim(d, a).flatten(a, a + 1)``,
+    as ``_Call._run`` does, with the gradient handed back contiguous in ``t``'s layout. Through the view operations
+    that gradient would be the op's, strided per model (K·H heads side by side); where ``t`` is a piece of a split
+    (Mamba-2's ``in_proj(x).split`` and ``conv(xbc).split``), the split's backward then concatenates strided pieces,
+    which torch's CUDA ``cat`` does element by element instead of in vectors. One copy here, in the op's backward."""
+
+    @staticmethod
+    def forward(ctx, t, d: int, a: int):
+        ctx.d, ctx.a, ctx.K = d, a, t.shape[d]
+        y = t.movedim(d, a).flatten(a, a + 1)
+        same = y.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
+        return y.clone(memory_format=torch.contiguous_format) if same else y    # a copy, never a view of t
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.unflatten(ctx.a, (ctx.K, -1)).movedim(ctx.a, ctx.d).contiguous(), None, None
 
 
 class _Fold(torch.autograd.Function):

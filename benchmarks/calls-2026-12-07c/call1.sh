@@ -1,5 +1,5 @@
-# planned for the next session's first device call (not run: every device start of session 2026-12-07b failed, ten
-# tries on nvidia-h200 and nvidia-h100-x1, until its device time was spent). In order of what decides a default:
+# session 2026-12-07c call 1: calls-2026-12-07b/next-call.sh (planned then, not run: no device start) with Mamba-2's
+# heads-fold gradients (MIXZOO_FOLD_HEADS_GRAD) added after step 1. In order of what decides a default:
 # 1. Hyena stacked+graphed K = 6 at 128 and 256 with its Toeplitz products in fp32 (the default) and in bf16x3
 #    (MIXZOO_HYENA_TOEPLITZ_MM=bf16x3: bf16 hi + lo tensor-core GEMMs with float32 output).
 # 2. The GPU tests of the two kernels not yet run on a GPU: bf16x3 against float64 at MAD's stacked shape (and its
@@ -20,6 +20,9 @@ card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1); echo "$ca
 S="--steps 30 --warmup 10 --procs= --modes stacked+graphed --K 6"
 MIXZOO_HYENA_TOEPLITZ_MM=fp32 TPN=-hyena-fp32 TP_ARGS="--shape mad,mad256 $S hyena" T=60 bash scripts/gpu-zoo.sh tput
 MIXZOO_HYENA_TOEPLITZ_MM=bf16x3 TPN=-hyena-bf16x3 TP_ARGS="--shape mad,mad256 $S hyena" T=60 bash scripts/gpu-zoo.sh tput
+for g in views contiguous; do
+  MIXZOO_FOLD_HEADS_GRAD=$g TPN=-mamba-$g TP_ARGS="--shape mad,mad256 $S mamba" T=60 bash scripts/gpu-zoo.sh tput
+done
 echo "== tests at $(date +%T), left $(left)"
 GTN=-tests K="tests/gpu/test_fftconv_gpu.py tests/gpu/test_fused_kernels_gpu.py" KEXPR="bf16x3 or gate_after or norms_take" \
   T=90 bash scripts/gpu-zoo.sh gputests
@@ -28,7 +31,8 @@ S4="--shape mad,mad256,mad512,mad1024 $S"
 [ $(left) -gt 100 ] && [ -f logs/throughput-gated-fused.json ] && MIXZOO_GATED_NORM=torch TPN=-gated-torch \
   TP_ARGS="$S4 gdn gla mesa" T=100 bash scripts/gpu-zoo.sh tput
 echo "== training tests at $(date +%T), left $(left)"
-[ $(left) -gt 60 ] && MIXZOO_GATED_NORM=fused MIXZOO_HYENA_TOEPLITZ_MM=bf16x3 GTN=-training KEXPR="gdn or gla or mesa or hyena" \
+[ $(left) -gt 60 ] && MIXZOO_GATED_NORM=fused MIXZOO_HYENA_TOEPLITZ_MM=bf16x3 MIXZOO_FOLD_HEADS_GRAD=contiguous GTN=-training \
+  KEXPR="gdn or gla or mesa or hyena or mamba" \
   K=tests/gpu/test_throughput_gpu.py T=$(( $(left) > 200 ? 150 : $(left) - 40 )) bash scripts/gpu-zoo.sh gputests
 echo "== short lengths at $(date +%T), left $(left)"
 case "$card" in *H200*)
