@@ -1,5 +1,6 @@
-# session 2026-12-07c call 1: calls-2026-12-07b/next-call.sh (planned then, not run: no device start) with Mamba-2's
-# heads-fold gradients (MIXZOO_FOLD_HEADS_GRAD) added after step 1. In order of what decides a default:
+# session 2026-12-07c call 1: the call session 2026-12-07b planned (its next-call.sh, which this file replaces; not run
+# then: no device start) with Mamba-2's heads-fold gradients (MIXZOO_FOLD_HEADS_GRAD) added after step 1. In order of
+# what decides a default:
 # 1. Hyena stacked+graphed K = 6 at 128 and 256 with its Toeplitz products in fp32 (the default) and in bf16x3
 #    (MIXZOO_HYENA_TOEPLITZ_MM=bf16x3: bf16 hi + lo tensor-core GEMMs with float32 output).
 # 2. The GPU tests of the two kernels not yet run on a GPU: bf16x3 against float64 at MAD's stacked shape (and its

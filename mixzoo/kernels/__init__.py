@@ -99,10 +99,10 @@ HYENA_TOEPLITZ = ("torch", "fused")
 # training step at lengths 128 to 1024 on an H100, 2026-12-06) or its steps one at a time as above ("steps")
 HYENA_OP = ("fused", "steps")
 # Hyena's Toeplitz products (fftconv's direct path, up to models.hyena.DIRECT_MAX_LEN, in its Functions: the operator
-# and the Toeplitz step) for float32 operands: float32 einsums, CUDA-core FFMA GEMMs on a GPU ("fp32", the default until
-# the other is timed on a GPU), or "bf16x3": each operand split into bfloat16 hi + lo, hi·hi + hi·lo + lo·hi in one
-# bf16 tensor-core GEMM a product, float32 accumulation (about 2^-16 relative a product against float32's 2^-24;
-# fftconv._bf16x3_forward). float64 keeps its einsums
+# and the Toeplitz step) for float32 operands: float32 einsums, CUDA-core FFMA GEMMs on a GPU ("fp32", the default), or
+# "bf16x3": each operand split into bfloat16 hi + lo, hi·hi + hi·lo + lo·hi in one bf16 tensor-core GEMM a product,
+# float32 accumulation (about 2^-16 relative a product against float32's 2^-24; fftconv._bf16x3_forward): 0.85x the
+# stacked+graphed step at 128 on an H100, 2026-12-07c. float64 keeps its einsums
 HYENA_TOEPLITZ_MM = ("fp32", "bf16x3")
 # that Function's FFT operands: written into zero-padded buffers ("buffers", the default) or padded by rfft ("rfft")
 HYENA_FFT_PAD = ("buffers", "rfft")
@@ -112,11 +112,12 @@ HYENA_LAYOUT = ("channels", "strided")
 # its FFTs' 1/n: in the filters' spectrum ("filter", the default; exact, a power of two: the same numbers) or a pass over
 # each irfft's output ("output", torch's default)
 HYENA_FFT_SCALE = ("filter", "output")
-# gdn's, GLA's and MesaNet's gated output norm (models._parts.GatedNorm: the norm, then times silu of the gate): the
-# norm's kernel, then PyTorch's silu, product and cast ("torch", the default until the kernel is timed on a GPU), or
-# one kernel each way (rmsnorm.rms_norm_gate, "fused"; checked against float64 in Triton's interpreter only so far);
-# the same numbers up to float32 reordering
-GATED_NORM = ("torch", "fused")
+# gdn's, GLA's and MesaNet's gated output norm (models._parts.GatedNorm: the norm, then times silu of the gate): one
+# kernel each way (rmsnorm.rms_norm_gate, "fused", the default: stacked+graphed K = 6 at MAD's lengths 128 / 256 / 1024
+# on an H100, side by side, gdn 1.05 / 1.04 / 1.04x, GLA 1.05 / 1.05x at 128 / 256, MesaNet 1.02 / 1.02 / 1.03x;
+# benchmarks/calls-2026-12-07c), or the norm's kernel, then PyTorch's silu, product and cast ("torch"); the same
+# numbers up to float32 reordering
+GATED_NORM = ("fused", "torch")
 NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS, "MIXZOO_ATTN": ATTN_CHOICES, "MIXZOO_LLA_C": LLA_C,
                   "MIXZOO_LLA_H": LLA_H,
                   "MIXZOO_LLA_DIRECT_PREC": LLA_DIRECT_PREC, "MIXZOO_PARALLAX_TILES": PARALLAX_TILES,

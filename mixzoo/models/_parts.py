@@ -32,7 +32,7 @@ class GatedNorm(nn.Module):
 
     def forward(self, o, gate):
         B, H, T, D = o.shape
-        # the norm and the gate in one kernel each way with MIXZOO_GATED_NORM=fused (the gate read where it lies)
+        # the norm and the gate in one kernel each way on a GPU (the gate read where it lies; MIXZOO_GATED_NORM=torch: not)
         y = fused_rms_norm_gate(o.transpose(1, 2), self.weight, self.eps, gate.view(B, T, H, D))
         if y is not None:
             return y.reshape(B, T, H * D)

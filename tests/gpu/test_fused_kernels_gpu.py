@@ -140,7 +140,7 @@ def test_gate_after_the_norm_matches_and_istimed(monkeypatch):
     from mixzoo.kernels import rmsnorm as N
     from mixzoo.models._parts import GatedNorm
     assert N.usable(torch.cuda.current_device())
-    monkeypatch.setenv("MIXZOO_GATED_NORM", "fused")                 # the kernel (unset: the PyTorch form)
+    monkeypatch.setenv("MIXZOO_GATED_NORM", "fused")                 # the kernel (also the default, unset)
     g = torch.Generator(device="cuda").manual_seed(0)
     B, T, H, D = 6 * 128, 1024, 16, 8
     x = (torch.randn(B, T, H, D, device="cuda", generator=g) * 2).bfloat16()
