@@ -182,6 +182,8 @@ for dt in ("float32", "bfloat16"):
                              / want.detach().abs().clamp_min(1e-3)).max())
         out[f"{dt} {B}x{T}x{H}x{D}"] = res
 out["kernel calls"] = sum(posts)
+from mixzoo.kernels import RAN
+out["recorded"] = "rmsnorm-gate" in RAN
 # the layer (gdn's, GLA's, MesaNet's output norm) with the kernel against its PyTorch form (MIXZOO_GATED_NORM=torch)
 torch.manual_seed(0)
 m = GatedNorm(8)
@@ -216,6 +218,7 @@ def test_gate_after_the_norm_in_one_kernel():
     r = _run(POST)
     assert r.pop("usable") is True
     assert r.pop("kernel calls") == 4, r                              # each case's forward ran the kernel
+    assert r.pop("recorded") is True                                  # and a run's kernels name it
     assert r.pop("layer calls") == {"fused": [True], "torch": [False], "default": [True]}
     assert r.pop("default is fused") is True                          # unset: the kernel
     layer = r.pop("layer")

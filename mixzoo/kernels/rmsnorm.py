@@ -92,7 +92,7 @@ class _GroupedPost(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w, eps, z):
         from . import RAN, rmsnorm_triton
-        RAN.add("rmsnorm")
+        RAN.add("rmsnorm-gate")                     # a run's kernels say which form its gated norms took
         x, w = x.contiguous(), w.contiguous()
         if z.stride(-1) != 1:
             z = z.contiguous()
