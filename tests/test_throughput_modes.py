@@ -270,6 +270,12 @@ def test_mad_projection_reads_each_setting_s_step_time_at_its_length(tmp_path):
     assert p["device"] == "synthetic"
     text = projection_table(p)
     assert "lengths 128, 256, 1024 (stacked+graphed K=6: gdn" in text and "lengths 128 (" in text
+    # where the hours go: by the settings' length, at the fastest cell (gdn's: the sweep column is slower here)
+    assert p["best_cell"]["gdn"] == "stacked+graphed K=6"
+    assert sum(p["by_length"]["gdn"].values()) == pytest.approx(p["best"]["gdn"])
+    assert p["by_length"]["gdn"][1024] == pytest.approx(sum(n for L, n in per if L == 1024) / 5.0 / 3600)
+    assert sorted(p["by_length"]["gdn"]) == sorted({L for L, _ in per})
+    assert "Device-hours by the settings' length" in text and "| 32 | 64 | 128 | 256 | 512 | 1024 | all |" in text
     # the README work model reads the baseline only; a longer length alone projects nothing
     assert project_mad([f1, f2])["hours"]["gdn"]["stacked+graphed K=6"] == pytest.approx(mad_protocol() / 100 / 3600)
     assert "gdn" not in project_mad({"rows": rows[2:]}, variant="settings")["hours"]

@@ -609,12 +609,21 @@ def project_mad(rates, shape: str = "mad", variant: str = "readme", **kw) -> dic
         most = max(len(v) for v in measured[m].values())
         best_cell[m] = min((c for c in t if len(measured[m][c]) == most), key=t.get)
     best = {m: table[m][c] for m, c in best_cell.items()}
+    # where each mechanism's hours go, by the settings' lengths, at its fastest cell (never the sweep column, which
+    # lies between its K = trials and K = seeds cells)
+    by_length: dict[str, dict[int, float]] = {}
+    if per_setting is not None:
+        for m, c in best_cell.items():
+            row = by_length.setdefault(m, {})
+            for L, n in per_setting:
+                row[L] = row.get(L, 0.0) + n * step_time_at(points[m][c], L)[0] / 3600
     total = {c: sum(t[c] for t in table.values()) if all(c in t for t in table.values()) else float("nan")
              for c in cells}
     # a sweep's worker stacks the trials of one study at a time: MAD's 6 (and then its 3 seeds)
     over = sorted({c for c in best_cell.values() if stacks[c][0] > trials})
     return dict(variant=variant, work_baseline_steps=work, shape=shape, cells=cells, hours=table, best=best,
                 best_cell=best_cell, total=total, total_best=sum(best.values()), device=rates.get("device"),
+                by_length=by_length,
                 over_stacked=over, trials=trials, seeds=seeds, lengths=measured, outside_share=outside_share)
 
 
@@ -646,6 +655,14 @@ def projection_table(p: dict) -> str:
             out.append(f"Step times measured at lengths {', '.join(map(str, Ls))} ({who}); the {pct} % of the "
                        f"work at other lengths: below the shortest measured on the line through the two shortest (at "
                        f"least the shortest's time scaled linearly in length), above the longest scaled linearly.")
+    if p.get("by_length"):
+        Ls = sorted({L for row in p["by_length"].values() for L in row})
+        out += ["", "Device-hours by the settings' length, each mechanism at its fastest cell:", "",
+                "| mechanism | " + " | ".join(map(str, Ls)) + " | all |", "|---" * (len(Ls) + 2) + "|"]
+        for m, row in p["by_length"].items():
+            out.append(f"| {m} | " + " | ".join(fmt(row.get(L)) for L in Ls) + f" | {fmt(sum(row.values()))} |")
+        out.append("| all | " + " | ".join(fmt(sum(r.get(L, 0.0) for r in p["by_length"].values())) for L in Ls)
+                   + f" | {fmt(p['total_best'])} |")
     for c in p.get("over_stacked", []):
         then = (f"the {p['trials']} trials, then the seeds," if p["seeds"] else f"the {p['trials']} runs")
         rate = (f"the 'sweep:' column, where measured, is one worker's rate as it runs a study (`--K "
