@@ -281,8 +281,9 @@ def test_a_stacked_run_with_the_kernels_gives_each_run_s_numbers():
     assert r.pop("eager default") is None, r
     want = {"softmax": ["rmsnorm_triton", "rope_triton", "swiglu_triton"],
             "gdn": ["causal_conv_triton", "rmsnorm_triton", "swiglu_triton"]}
-    # each run's result names them (gdn's recurrent scan, mixzoo.kernels.recurrent, too)
-    recorded = {"softmax": "rmsnorm,rope,swiglu", "gdn": "causal_conv,delta_rec,rmsnorm,swiglu"}
+    # each run's result names them (gdn's recurrent scan, mixzoo.kernels.recurrent, too, and its
+    # gated output norm, fused by default)
+    recorded = {"softmax": "rmsnorm,rope,swiglu", "gdn": "causal_conv,delta_rec,rmsnorm,rmsnorm-gate,swiglu"}
     for mixer, res in r.items():
         assert res["kernels"] == want[mixer], (mixer, res)
         assert res["recorded"] == [recorded[mixer]] * 4, (mixer, res)
