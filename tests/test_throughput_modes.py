@@ -221,6 +221,30 @@ def test_mad_projection_as_a_sweep_runs_a_study():
         dict(rows[1], K=4)]}, trials=4)["hours"]["gdn"]
 
 
+def test_mad_projection_counts_the_runs_the_paper_scale_trains():
+    """The settings work model is the parallax-mad figure's paper scale: MAD's 66 settings at their lengths, 200
+    epochs at batch 128 (as many steps as that scale's runs take), validation every eval_every steps and after the
+    last; what the hours leave out (the validation and test passes, forward only) is counted beside them."""
+    from mixzoo.bench.throughput import mad_eval_work, mad_paper_runs, mad_setting_steps
+    from mixzoo.reproduce.parallax import MAD
+    from mixzoo.tasks.mad import MAD_SETTINGS
+    runs = mad_paper_runs()
+    settings = [st for sts in MAD_SETTINGS.values() for st in sts]
+    assert len(runs) == len(settings) == 66
+    assert sorted(r["L"] for r in runs) == sorted(st["L"] for st in settings)
+    assert sorted(r["steps"] for r in runs) == sorted(200 * st["n_train"] // 128 for st in settings)
+    assert [s["steps"] for s in MAD.scale("paper").settings] == [r["steps"] for r in runs]
+    r = next(r for r in runs if r["steps"] == 1250)                 # 800 examples: eval_every 62, 20 x 62 = 1240
+    assert (r["evals"], r["n_val"], r["n_test"], r["batch_size"]) == (21, 1280, 1280, 128)
+    assert max(r["steps"] for r in mad_paper_runs(steps=1000)) == 1000
+    assert sum(n for _, n in mad_setting_steps()) == 9 * sum(r["steps"] for r in runs)
+    e = mad_eval_work(trials=1, seeds=0)
+    assert e["runs"] == 66 and e["passes"] == sum(r["evals"] + 1 for r in runs)
+    assert e["eval_sequences"] == pytest.approx(sum((r["evals"] + 1) * 1280 * r["L"] / 128 for r in runs))
+    assert e["train_sequences"] == pytest.approx(sum(r["steps"] * 128 * r["L"] / 128 for r in runs))
+    assert 0.005 < e["share"] < 0.05 and mad_eval_work()["share"] == pytest.approx(e["share"])
+
+
 def test_mad_projection_reads_each_setting_s_step_time_at_its_length(tmp_path):
     """--protocol settings: a setting at a measured length takes that length's step time, one between two
     measured lengths the linear interpolation, one outside them the nearest's scaled linearly in L."""
@@ -276,6 +300,7 @@ def test_mad_projection_reads_each_setting_s_step_time_at_its_length(tmp_path):
     assert p["by_length"]["gdn"][1024] == pytest.approx(sum(n for L, n in per if L == 1024) / 5.0 / 3600)
     assert sorted(p["by_length"]["gdn"]) == sorted({L for L, _ in per})
     assert "Device-hours by the settings' length" in text and "| 32 | 64 | 128 | 256 | 512 | 1024 | all |" in text
+    assert p["eval_work"]["runs"] == 66 * 9 and "validation passes" in text and "% as many sequences" in text
     # the README work model reads the baseline only; a longer length alone projects nothing
     assert project_mad([f1, f2])["hours"]["gdn"]["stacked+graphed K=6"] == pytest.approx(mad_protocol() / 100 / 3600)
     assert "gdn" not in project_mad({"rows": rows[2:]}, variant="settings")["hours"]

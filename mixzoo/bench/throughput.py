@@ -483,24 +483,52 @@ def mad_protocol(variant: str = "readme", trials: int = 6, seeds: int = 3, steps
     length 128, step time taken as linear in length).
 
     ``readme``: the README's projection, 66 settings x (trials + seeds) x ``steps``, at a mean length
-    ``len_factor`` x the baseline's. ``settings``: each of mixzoo's 66 settings
-    (``mixzoo.tasks.mad.MAD_SETTINGS``) at its own length, 200 epochs of its training set at batch 128
-    (MAD's 20k steps at 12,800 examples), capped at ``steps``."""
+    ``len_factor`` x the baseline's. ``settings``: each of MAD's 66 settings at its own length, for the
+    steps that ``mixzoo reproduce parallax-mad --scale paper`` trains it (``mad_paper_runs``), capped at
+    ``steps``."""
     if variant == "readme":
         return MAD_SETTINGS * (trials + seeds) * steps * len_factor
     return sum(n * L / 128 for L, n in mad_setting_steps(variant, trials, seeds, steps))
 
 
+def mad_paper_runs(steps: int = 20_000) -> list[dict]:
+    """One run of each MAD setting as the paper scale of the ``parallax-mad`` figure trains it: its length,
+    steps (200 epochs of its training set at batch 128, capped at ``steps``), validation passes (every
+    ``eval_every`` steps and after the last, over ``n_val`` sequences) and the test pass (``n_test``)."""
+    from ..registry import get_task
+    from ..reproduce.parallax import MAD
+    scale = MAD.scale("paper")
+    train = {**MAD.train, **scale.train}
+    out = []
+    for st in scale.settings:
+        n = min(steps, st["steps"])
+        every = st["eval_every"]
+        out.append(dict(task=st["task"], preset=st["preset"], L=get_task(st["task"]).presets[st["preset"]]["L"],
+                        steps=n, evals=n // every + (n % every != 0), n_val=train["n_val"], n_test=train["n_test"],
+                        batch_size=train["batch_size"]))
+    return out
+
+
 def mad_setting_steps(variant: str = "settings", trials: int = 6, seeds: int = 3,
                       steps: int = 20_000) -> list[tuple[int, int]]:
-    """(length, model-steps) per MAD setting under the ``settings`` work model: trials + seeds runs of
-    min(``steps``, 200 epochs of its training set at batch 128) each."""
+    """(length, model-steps) per MAD setting under the ``settings`` work model: trials + seeds runs of each
+    as ``mad_paper_runs`` has it."""
     from ..errors import UsageError
     if variant != "settings":
         raise UsageError(f"MAD projection: variant {variant!r}; allowed: readme, settings")
-    from ..tasks import mad
-    return [(st["L"], (trials + seeds) * min(steps, 200 * math.ceil(st["n_train"] / 128)))
-            for settings in mad.MAD_SETTINGS.values() for st in settings]
+    return [(r["L"], (trials + seeds) * r["steps"]) for r in mad_paper_runs(steps)]
+
+
+def mad_eval_work(trials: int = 6, seeds: int = 3, steps: int = 20_000) -> dict:
+    """What the ``settings`` projection does not count: each run's validation passes and its test pass, forward
+    only. In sequences times length / 128 (baseline-sequence equivalents), beside the training's (each step
+    ``batch_size`` sequences, forward and backward); and the number of passes."""
+    runs = mad_paper_runs(steps)
+    n = trials + seeds
+    evals = sum(n * (r["evals"] * r["n_val"] + r["n_test"]) * r["L"] / 128 for r in runs)
+    trained = sum(n * r["steps"] * r["batch_size"] * r["L"] / 128 for r in runs)
+    return dict(eval_sequences=evals, train_sequences=trained, share=evals / trained,
+                passes=sum(n * (r["evals"] + 1) for r in runs), runs=n * len(runs))
 
 
 def step_time_at(points: dict[int, float], L: int) -> tuple[float, bool]:
@@ -623,7 +651,7 @@ def project_mad(rates, shape: str = "mad", variant: str = "readme", **kw) -> dic
     over = sorted({c for c in best_cell.values() if stacks[c][0] > trials})
     return dict(variant=variant, work_baseline_steps=work, shape=shape, cells=cells, hours=table, best=best,
                 best_cell=best_cell, total=total, total_best=sum(best.values()), device=rates.get("device"),
-                by_length=by_length,
+                by_length=by_length, eval_work=mad_eval_work(**kw) if per_setting is not None else None,
                 over_stacked=over, trials=trials, seeds=seeds, lengths=measured, outside_share=outside_share)
 
 
@@ -663,6 +691,12 @@ def projection_table(p: dict) -> str:
             out.append(f"| {m} | " + " | ".join(fmt(row.get(L)) for L in Ls) + f" | {fmt(sum(row.values()))} |")
         out.append("| all | " + " | ".join(fmt(sum(r.get(L, 0.0) for r in p["by_length"].values())) for L in Ls)
                    + f" | {fmt(p['total_best'])} |")
+    if p.get("eval_work"):
+        e = p["eval_work"]
+        out += ["", f"Not counted above: no early stop (MAD stops a run at accuracy 0.999); each run's validation passes "
+                    f"and test pass, {e['passes']} passes over the {e['runs']} runs, forward only, over "
+                    f"{100 * e['share']:.1f} % as many sequences (times length) as the training steps take forward and "
+                    f"backward."]
     for c in p.get("over_stacked", []):
         then = (f"the {p['trials']} trials, then the seeds," if p["seeds"] else f"the {p['trials']} runs")
         rate = (f"the 'sweep:' column, where measured, is one worker's rate as it runs a study (`--K "
