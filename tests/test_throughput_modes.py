@@ -321,6 +321,15 @@ def test_mad_projection_reads_each_setting_s_step_time_at_its_length(tmp_path):
         n * (1 / 100 - L / 128 / 100) for L, n in per if L < 128) / 3600)
 
 
+def test_validation_time_times_the_stacked_run_s_own_validations_on_the_cpu():
+    spec = importlib.util.spec_from_file_location("validation_time", ROOT / "benchmarks" / "validation_time.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    r = mod.measure("softmax", "tiny", K=2, n_val=16, eval_batch=8, reps=2, device="cpu")
+    assert r["validations"] == [3, 3]                       # a warm-up round and two timed ones, each model
+    assert r["eager_ms"] > 0 and r["vmapped_ms"] > 0 and r["card"] == "cpu"
+
+
 def test_layer_bytes_counts_a_layer_on_the_cpu():
     spec = importlib.util.spec_from_file_location("layer_bytes", ROOT / "benchmarks" / "layer_bytes.py")
     mod = importlib.util.module_from_spec(spec)
