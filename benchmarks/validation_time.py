@@ -1,12 +1,13 @@
-"""What a stacked run's validations cost, beside one vmapped forward of its K models.
+"""What a stacked run's validations cost: its K models one at a time, eagerly, against one vmapped forward of them.
 
-A stacked run (``mixzoo.train.stacked``) validates its K models one after another, eagerly: model k's weights are
-loaded into the template, ``loop.evaluate`` runs over the validation split at ``eval_batch_size``, then the
-mixers' diagnostics, and on an improvement the best weights are cloned (``Book.validate``). This times that path
-itself, on K models built as ``train_stacked`` builds them (``Stack``) at a ``mixzoo bench throughput`` shape, with
-MAD's validation split (1,280 sequences, batches of 256, as ``mixzoo reproduce parallax-mad --scale paper``
-validates). Beside it: the forward a stacked validation would run instead, the K models' vmapped forward over the
-same batches under the same autocast (forward only: no metrics, diagnostics or clone). Both per model, in ms.
+A stacked run (``mixzoo.train.stacked``) validates its K models one after another by default
+(``MIXZOO_STACKED_EVAL=models``): model k's weights are loaded into the template, ``loop.evaluate`` runs over the
+validation split at ``eval_batch_size``, then the mixers' diagnostics, and on an improvement the best weights are
+cloned (``Book.validate``). With ``MIXZOO_STACKED_EVAL=vmapped`` the metrics of the K models come from one vmapped
+forward a batch (``evaluate_stack``), then each model's diagnostics and clone as before. This times both paths
+themselves, on K models built as ``train_stacked`` builds them (``Stack``) at a ``mixzoo bench throughput`` shape,
+with MAD's validation split (1,280 sequences, batches of 256, as ``mixzoo reproduce parallax-mad --scale paper``
+validates), in ms a model.
 
 The MAD protocol makes 11,871 such passes per mechanism (``mixzoo.bench.throughput.mad_eval_work``), about 20 per
 run; multiplied by the time here they give the hours the projection does not count.
@@ -27,7 +28,7 @@ def measure(mixer: str, shape: str = "mad", K: int = 6, n_val: int = 1280, eval_
     from mixzoo.bench.throughput import MODE_SHAPES, _mode_setup
     from mixzoo.train.config import RunResult, TrainConfig
     from mixzoo.train.loop import resolve_device
-    from mixzoo.train.stacked import Stack
+    from mixzoo.train.stacked import Stack, evaluate_stack
     from mixzoo.train.steploop import Book
     from mixzoo.train.vmapfold import folding
     dev = resolve_device(device)
@@ -37,35 +38,28 @@ def measure(mixer: str, shape: str = "mad", K: int = 6, n_val: int = 1280, eval_
     cfg = TrainConfig(steps=1000, batch_size=s["batch_size"], lr=1e-3, eval_every=50, eval_batch_size=eval_batch)
     st = Stack(task, mixer, {}, mcfg, [cfg] * K, [0] * K, dev, data)     # the trials of one study: one seed
     books = [Book(task, cfg, st.precision, RunResult(state="COMPLETE")) for _ in range(K)]
-    val = st.by_seed[0]["val"]
+    split = st.by_seed[0]
 
     def sync():
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
 
-    def eager(step: int) -> None:          # stacked._run's validation of its K models
+    def validate(step: int, vmapped: bool) -> None:      # stacked._run's validation of its K models
+        vals = evaluate_stack(st.sm, task, [split["val"]] * K, eval_batch, st.precision) if vmapped else [None] * K
         for k, b in enumerate(books):
-            b.validate(st.sm.load_into(k, st.sm.template), st.by_seed[0], step, 0.0, 0.0)
+            b.validate(st.sm.load_into(k, st.sm.template), split, step, 0.0, 0.0, val=vals[k])
 
-    @torch.no_grad()
-    def vmapped() -> None:                  # one forward of the K models over the same batches
-        was = st.sm.template.training
-        st.sm.template.eval()
-        for a in range(0, len(val), eval_batch):
-            x = val.inputs[a:a + eval_batch]
-            with st.amp:
-                st.sm.forward(x.unsqueeze(0).expand(K, *x.shape))
-        st.sm.template.train(was)
-
-    out = {}
+    out, step = {}, 0
     with folding():
-        for name, fn in (("eager_ms", lambda i: eager(50 * (i + 1))), ("vmapped_ms", lambda i: vmapped())):
-            fn(0)                           # compiles, autotunes, the first clone of the best weights
+        for name, vm in (("models_ms", False), ("vmapped_ms", True)):
+            step += 50
+            validate(step, vm)              # compiles, autotunes, the first clone of the best weights
             sync()
             best = float("inf")
-            for i in range(reps):
+            for _ in range(reps):
+                step += 50
                 t = time.perf_counter()
-                fn(i + 1)
+                validate(step, vm)
                 sync()
                 best = min(best, time.perf_counter() - t)
             out[name] = 1e3 * best / K      # per model
@@ -87,13 +81,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="write the rows here too")
     a = ap.parse_args(argv)
     rows = []
-    print("| mechanism | shape | K | eager validation, ms a model | vmapped forward, ms a model |")
+    print("| mechanism | shape | K | one model at a time, ms a model | vmapped, ms a model |")
     print("|---|---|---|---|---|")
     for shape in a.shape.split(","):
         for m in a.mixers:
             r = measure(m, shape, a.K, a.n_val, a.eval_batch, a.reps, a.device)
             rows.append(r)
-            print(f"| {m} | {shape} | {a.K} | {r['eager_ms']:.1f} | {r['vmapped_ms']:.1f} |", flush=True)
+            print(f"| {m} | {shape} | {a.K} | {r['models_ms']:.1f} | {r['vmapped_ms']:.1f} |", flush=True)
     if a.json:
         from mixzoo.leaderboard.export import write_atomic
         write_atomic(a.json, json.dumps(rows, indent=1) + "\n")

@@ -188,6 +188,69 @@ def test_one_run_stopping_leaves_the_others_alone():
     assert _close(alone.test["loss"], res[2].test["loss"])
 
 
+@pytest.mark.parametrize("mixer", ["softmax", "gdn", "parallax", "mesa", "gla", "mamba", "hyena", "lla"])
+def test_a_stack_validated_in_one_vmapped_forward_gives_each_model_s_metrics(mixer):
+    """evaluate_stack: each row's metrics are loop.evaluate's of that model alone on its own split (rows 0 and 2
+    share one split object, row 1 has another), also when the output budget cuts the batches short."""
+    from mixzoo.models import build_model
+    from mixzoo.train.loop import evaluate
+    from mixzoo.train.stacked import evaluate_stack
+    models = []
+    for s in SEEDS:
+        torch.manual_seed(s)
+        models.append(build_model(TASK.backbone, mixer, {}, MCFG, vocab=TASK.vocab_size))
+    sm = StackedModel(models)
+    split = {s: TASK.generate("val", 12, s) for s in set(SEEDS)}
+    datas = [split[s] for s in SEEDS]
+    alone = [evaluate(m, TASK, d, 8, "32") for m, d in zip(models, datas)]
+    assert alone[0] != alone[1]
+    for budget in (2 ** 28, 3 * 16 * 32 * 5):            # batches of 8, then of 5 sequences a model
+        got = evaluate_stack(sm, TASK, datas, 8, "32", max_elements=budget)
+        for a, b in zip(alone, got):
+            assert a.keys() == b.keys()
+            for name in a:
+                assert _close(a[name], b[name], LOSS_RTOL.get(mixer, 1e-5)), (mixer, budget, name, a, b)
+    assert sm.template.training                           # put back as it was
+
+
+def test_a_stacked_run_validating_vmapped_gives_each_run_s_numbers(monkeypatch):
+    """MIXZOO_STACKED_EVAL=vmapped: the same histories, best steps and scores as the default's validations one model
+    at a time; if the vmapped validation fails, the run logs it and validates one model at a time from there."""
+    import mixzoo.train.stacked as stacked
+    from mixzoo import kernels
+    monkeypatch.setenv("MIXZOO_STACKED_EVAL", "stacked")
+    assert kernels.switch_error() == "MIXZOO_STACKED_EVAL='stacked'; allowed: models, vmapped (or unset)"
+    monkeypatch.delenv("MIXZOO_STACKED_EVAL")
+    cfgs = [TrainConfig(lr=lr, weight_decay=wd, **BASE) for lr, wd in HP]
+    calls = []
+    real = stacked.evaluate_stack
+
+    def counted(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+    monkeypatch.setattr(stacked, "evaluate_stack", counted)
+    plain = train_stacked(TASK, "gdn", {}, MCFG, cfgs, SEEDS, device="cpu")
+    assert calls == []                                    # not by default
+    monkeypatch.setenv("MIXZOO_STACKED_EVAL", "vmapped")
+    vm = train_stacked(TASK, "gdn", {}, MCFG, cfgs, SEEDS, device="cpu")
+    assert len(calls) == 2                                # one a validation, for the three runs
+    for a, b in zip(plain, vm):
+        assert a.best_step == b.best_step and len(a.history) == len(b.history) == 2
+        for x, y in zip(a.history, b.history):
+            assert x["step"] == y["step"] and _close(x["loss"], y["loss"]) and x["accuracy"] == y["accuracy"]
+        assert _close(a.test["loss"], b.test["loss"])
+
+    def broken(*a, **kw):
+        raise RuntimeError("no batching rule")
+    monkeypatch.setattr(stacked, "evaluate_stack", broken)
+    lines = []
+    fell = train_stacked(TASK, "gdn", {}, MCFG, cfgs, SEEDS, device="cpu", log=lines.append)
+    assert [r.state for r in fell] == ["COMPLETE"] * 3
+    assert any("validating the models one at a time from step 4: RuntimeError: no batching rule" in x for x in lines)
+    for a, b in zip(plain, fell):
+        assert [h["loss"] for h in a.history] == [h["loss"] for h in b.history]
+
+
 class _Pruned(Exception):
     pass
 

@@ -326,8 +326,8 @@ def test_validation_time_times_the_stacked_run_s_own_validations_on_the_cpu():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     r = mod.measure("softmax", "tiny", K=2, n_val=16, eval_batch=8, reps=2, device="cpu")
-    assert r["validations"] == [3, 3]                       # a warm-up round and two timed ones, each model
-    assert r["eager_ms"] > 0 and r["vmapped_ms"] > 0 and r["card"] == "cpu"
+    assert r["validations"] == [6, 6]       # each path: a warm-up round and two timed ones, each model
+    assert r["models_ms"] > 0 and r["vmapped_ms"] > 0 and r["card"] == "cpu"
 
 
 def test_layer_bytes_counts_a_layer_on_the_cpu():

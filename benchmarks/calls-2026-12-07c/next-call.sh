@@ -6,8 +6,8 @@
 #    warm-up run that compiles mamba-ssm's kernels (in 2026-12-07c the first process spent its 60 s compiling).
 # 3. Per-kernel profiles of the stacked+graphed K = 6 step at 128 by source line: the cost floor, LLA, MesaNet, then
 #    Mamba-2, Parallax, Hyena.
-# 4. What a stacked run's validations cost (benchmarks/validation_time.py, planned in 2026-12-07d): the eager
-#    per-model path it runs and a vmapped forward of the K models, at 128 and 1024.
+# 4. What a stacked run's validations cost (benchmarks/validation_time.py, planned in 2026-12-07d): one model at a
+#    time (the default) against MIXZOO_STACKED_EVAL=vmapped, at 128 and 1024.
 # 5. On an H200 with the time left: the eight at K = 3 (the sweep's seeds). BUDGET: seconds for it all.
 set -o pipefail
 export END=$(( $(date +%s) + ${BUDGET:-540} ))

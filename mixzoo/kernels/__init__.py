@@ -57,6 +57,11 @@ MESA_FOLD = ("per-model", "whole")
 # views of its folded layout, strided per model ("views", the default), or copied once into each input's own layout
 # ("contiguous"), so that the split of a projection they come from is undone by a vectorized cat
 FOLD_HEADS_GRAD = ("views", "contiguous")
+# a stacked run's validations (train.stacked): each model on its own, eagerly, as a separate run validates ("models",
+# the default), or the K models in one vmapped forward a batch (``evaluate_stack``; "vmapped"), then each model's
+# diagnostics and best weights as before; the same metrics up to float32 reordering. Not yet timed on a GPU
+# (benchmarks/validation_time.py)
+STACKED_EVAL = ("models", "vmapped")
 # the short convolution under stacking (causal_conv._fold): the models in the batch or in the channels; the first is
 # the default
 CONV_FOLDS = ("batch", "channels")
@@ -124,7 +129,7 @@ NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS, "MIXZOO_ATTN": ATTN_CHOICES, "MI
                   "MIXZOO_PARALLAX_PROLOGUE": PARALLAX_PROLOGUE, "MIXZOO_QKV_PROLOGUE": QKV_PROLOGUE,
                   "MIXZOO_LLA_HEADS": LLA_HEADS, "MIXZOO_ATTN_STRIDES": ATTN_STRIDES, "MIXZOO_SSD_DOT": SSD_FORMS,
                   "MIXZOO_MAMBA_SSD": MAMBA_SSD, "MIXZOO_MAMBA_SSD_FOLD": MAMBA_SSD_FOLD, "MIXZOO_MESA_FOLD": MESA_FOLD,
-                  "MIXZOO_FOLD_HEADS_GRAD": FOLD_HEADS_GRAD,
+                  "MIXZOO_FOLD_HEADS_GRAD": FOLD_HEADS_GRAD, "MIXZOO_STACKED_EVAL": STACKED_EVAL,
                   "MIXZOO_CONV_FOLD": CONV_FOLDS, "MIXZOO_CONV_BWD": CONV_BWD, "MIXZOO_CONV_FWD": CONV_FWD,
                   "MIXZOO_ATTN_TILES": ATTN_TILES, "MIXZOO_FLA_PAD": FLA_PAD, "MIXZOO_GDN": REC_CORE, "MIXZOO_GLA_CORE": REC_CORE,
                   "MIXZOO_REC_TILES": REC_TILES, "MIXZOO_GLA_PROJ": GLA_PROJ, "MIXZOO_HYENA_CONV": HYENA_CONV,

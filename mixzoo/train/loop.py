@@ -112,14 +112,18 @@ def supervised_positions(mask: torch.Tensor) -> torch.Tensor | None:
     return torch.argsort((~mask).to(torch.int8), dim=1, stable=True)[:, :K].contiguous()
 
 
+def eval_autocast(precision: str, dev: torch.device):
+    """A validation's or test's autocast (``evaluate``, ``stacked.evaluate_stack``)."""
+    return (torch.autocast("cuda", dtype=torch.bfloat16) if precision.startswith("bf16")
+            else torch.autocast(dev.type, enabled=False))
+
+
 @torch.no_grad()
 def evaluate(model, task: Task, data: Batch, batch_size: int, precision: str) -> dict[str, float]:
     was = model.training
     model.eval()
     acc = Accumulator(task.kind, task.vocab_size if task.kind == "classification" else 0)
-    dev = data.inputs.device
-    ctx = (torch.autocast("cuda", dtype=torch.bfloat16) if precision.startswith("bf16")
-           else torch.autocast(dev.type, enabled=False))
+    ctx = eval_autocast(precision, data.inputs.device)
     for s in range(0, len(data), batch_size):
         b = data.index(slice(s, s + batch_size))
         with ctx:

@@ -57,7 +57,8 @@ from ..errors import UsageError
 from ..models import ModelConfig, build_model
 from ..tasks.base import IGNORE, Batch, Task
 from .config import RunResult, TrainConfig, physical_gpu
-from .loop import count_params, failure_reason, resolve_device
+from .loop import count_params, eval_autocast, failure_reason, loss_fn, resolve_device
+from .metrics import Accumulator
 from .optim import MUON_NS, lr_lambda, split_params, wd_multiplier
 from .steploop import Book, autocast, mark, peak_mem, precision_of, seed_all, sparse_width, splits, train_data
 from .vmapfold import folding
@@ -272,6 +273,48 @@ class StackedMuon:
             p.mul_(decay)
             p.add_(u * (lr * (-0.2 * (max(A, B) ** 0.5))).float()[:, :, None])
         a.step(g, idx)
+
+
+def stacked_eval() -> str:
+    """How a stacked run validates: ``MIXZOO_STACKED_EVAL`` (``kernels.STACKED_EVAL``; its first is the default)."""
+    from ..kernels import STACKED_EVAL
+    return os.environ.get("MIXZOO_STACKED_EVAL") or STACKED_EVAL[0]
+
+
+# the most output elements (K models x sequences x length x vocabulary) one vmapped validation batch makes: MQAR's
+# V = 8192, L = 512 would make 6.4e9 at K = 6 and batches of 256
+EVAL_ELEMENTS = 2 ** 28
+
+
+@torch.no_grad()
+def evaluate_stack(sm: StackedModel, task: Task, datas: Sequence[Batch], batch_size: int, precision: str,
+                   max_elements: int = EVAL_ELEMENTS) -> list[dict[str, float]]:
+    """``loop.evaluate`` of each model of the stack, row r on ``datas[r]`` (splits of one size), the K models in one
+    vmapped forward a batch: batches of ``batch_size`` sequences a model, fewer where the K models' outputs would
+    pass ``max_elements``. The same metrics as evaluating each model on its own, up to float32 reordering."""
+    K, first = sm.K, datas[0]
+    same = all(d is first for d in datas)        # the trials of one study: one validation split
+    width = task.vocab_size if task.kind == "classification" else task.d_out
+    rows = max(1, min(batch_size, max_elements // max(1, K * first.inputs.shape[1] * width)))
+    accs = [Accumulator(task.kind, task.vocab_size if task.kind == "classification" else 0) for _ in range(K)]
+    ctx = eval_autocast(precision, first.inputs.device)
+    tpl = sm.template
+    was = tpl.training
+    tpl.eval()
+    try:
+        with folding():                          # re-entrant: a stacked run's validations are inside its own
+            for a in range(0, len(first), rows):
+                bs = [first.index(slice(a, a + rows))] * K if same else [d.index(slice(a, a + rows)) for d in datas]
+                x = bs[0].inputs.unsqueeze(0).expand(K, *bs[0].inputs.shape) if same else \
+                    torch.stack([b.inputs for b in bs])
+                with ctx:
+                    out = sm.forward(x)
+                for r, b in enumerate(bs):
+                    _, lsum = loss_fn(task.kind, out[r], b)
+                    accs[r].update(out[r], b.targets, b.mask, b.slices, lsum)
+    finally:
+        tpl.train(was)
+    return [acc.compute() for acc in accs]
 
 
 def per_model_loss(kind: str, out: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -496,6 +539,7 @@ def _run(task, mixer, knobs, model_cfg, cfgs, seeds, dev, hooks, log, data,
             return stepper.reason
         return f"after compacting to {st.sm.K} at step {base}: {stepper.reason} (of the compacted stack)"
     eval_time, done = 0.0, 0
+    vmapped = stacked_eval() == "vmapped"       # the K models validated in one forward a batch (evaluate_stack)
     t0 = time.perf_counter()                    # as loop.train: from the start of training
     with folding():
         try:
@@ -508,9 +552,20 @@ def _run(task, mixer, knobs, model_cfg, cfgs, seeds, dev, hooks, log, data,
                 t = time.perf_counter()
                 st.loss_sum.zero_()
                 st.loss_n.zero_()
+                vals = None
+                if vmapped:
+                    owner = {j: k for k, j in enumerate(pos) if j is not None}      # stack row -> run
+                    try:
+                        vals = evaluate_stack(st.sm, task, [by_seed[seeds[owner[j]]]["val"] for j in range(st.sm.K)],
+                                              cfg.eval_batch_size, st.precision)
+                    except Exception as e:  # noqa: BLE001 - e.g. a mechanism's eval path that does not vmap
+                        vmapped = False
+                        if log:
+                            log(f"stacked: validating the models one at a time from step {done}: {failure_reason(e)}")
                 for k, b in enumerate(books):
                     if b.active:
-                        b.validate(weights(k), by_seed[seeds[k]], done, losses[pos[k]], t - t0 - eval_time)
+                        b.validate(weights(k), by_seed[seeds[k]], done, losses[pos[k]], t - t0 - eval_time,
+                                   val=None if vals is None else vals[pos[k]])
                         if not b.active:
                             st.opt.freeze(pos[k])
                 eval_time += time.perf_counter() - t

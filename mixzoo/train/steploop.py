@@ -126,14 +126,17 @@ class Book:
         b = self.best_val
         return b is None or (a > b if self.task.primary.higher_is_better else a < b)
 
-    def validate(self, model, data: dict[str, Batch], step: int, train_loss: float, elapsed: float) -> None:
-        """One validation after global step ``step``; ``model`` holds this run's weights. Sets
-        ``active`` False on divergence (the run FAILs), early stop, or an exception from ``on_eval``
+    def validate(self, model, data: dict[str, Batch], step: int, train_loss: float, elapsed: float,
+                 val: dict[str, float] | None = None) -> None:
+        """One validation after global step ``step``; ``model`` holds this run's weights. ``val``: its metrics on
+        the validation split where the caller has them (a stacked run's ``evaluate_stack``), else evaluated here.
+        Sets ``active`` False on divergence (the run FAILs), early stop, or an exception from ``on_eval``
         (kept in ``hook_error``; the caller decides whether to raise it). A KeyboardInterrupt from
         ``on_eval`` (Ctrl-C, SIGTERM) is raised: it stops every run of a stacked batch."""
         cfg, res, primary = self.cfg, self.res, self.task.primary
         self.elapsed = elapsed
-        val = evaluate(model, self.task, data["val"], cfg.eval_batch_size, self.precision)
+        if val is None:
+            val = evaluate(model, self.task, data["val"], cfg.eval_batch_size, self.precision)
         rate = step / max(elapsed, 1e-9)
         diag = mixer_diagnostics(model, data["val"].inputs[:DIAG_EXAMPLES], self.precision)
         if diag:
