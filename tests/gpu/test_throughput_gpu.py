@@ -296,3 +296,29 @@ def test_stacked_rms_norm_runs_the_fused_kernel(monkeypatch):
     assert len(names) < len(names_off)
     torch.testing.assert_close(y_on, y_off, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(g_on, g_off, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("mixer", MIXERS)
+def test_vmapped_validation_gives_each_model_s_metrics(mixer):
+    """MIXZOO_STACKED_EVAL=vmapped's evaluate_stack on the GPU (bf16 autocast, the mechanisms' kernels under vmap
+    with no gradient): 4 models of different seeds, each row's validation loss and accuracy as ``loop.evaluate``
+    of that model alone, up to bf16 rounding in another order (loss within 1e-2 relative, accuracy within 0.01)."""
+    from mixzoo.models import build_model
+    from mixzoo.train.loop import evaluate
+    from mixzoo.train.stacked import StackedModel, evaluate_stack
+    from mixzoo.train.steploop import precision_of
+    from mixzoo.train.vmapfold import folding
+    task, mcfg, data, cfg, TrainConfig = _setup()
+    precision = precision_of(TrainConfig(**cfg), torch.device("cuda"))
+    models = []
+    for s in range(4):
+        torch.manual_seed(s)
+        models.append(build_model(task.backbone, mixer, {}, mcfg, vocab=task.vocab_size).cuda())
+    val = task.generate("val", 512, 0, "cuda")
+    alone = [evaluate(m, task, val, 256, precision) for m in models]
+    with folding():
+        got = evaluate_stack(StackedModel(models), task, [val] * 4, 256, precision)
+    rel = max(abs(a["loss"] - b["loss"]) / abs(a["loss"]) for a, b in zip(alone, got))
+    acc = max(abs(a["accuracy"] - b["accuracy"]) for a, b in zip(alone, got))
+    _record(f"vmapped-validation[{mixer}]", rel)
+    assert rel < 1e-2 and acc <= 0.01, (alone, got)
