@@ -1,4 +1,5 @@
-# the next device call (planned in session 2026-12-07c). In order:
+# the next device call (planned in session 2026-12-07c; benchmarks/calls-2026-12-07d/call2.sh is the one after it).
+# In order:
 # 1. On an H200 (the card of the README's projection): gdn, GLA and MesaNet at MAD's four lengths with today's default
 #    gated norm (fused since 2026-12-07c, timed on an H100 only), for the projection's rows; then the cost floor and the
 #    eight at lengths 32 and 64 (MAD's compression and memorization settings, extrapolated so far).
@@ -6,9 +7,7 @@
 #    warm-up run that compiles mamba-ssm's kernels (in 2026-12-07c the first process spent its 60 s compiling).
 # 3. Per-kernel profiles of the stacked+graphed K = 6 step at 128 by source line: the cost floor, LLA, MesaNet, then
 #    Mamba-2, Parallax, Hyena.
-# 4. What a stacked run's validations cost (benchmarks/validation_time.py, planned in 2026-12-07d): one model at a
-#    time (the default) against MIXZOO_STACKED_EVAL=vmapped, at 128 and 1024, after its GPU test for the eight.
-# 5. On an H200 with the time left: the eight at K = 3 (the sweep's seeds). BUDGET: seconds for it all.
+# 4. On an H200 with the time left: the eight at K = 3 (the sweep's seeds). BUDGET: seconds for it all.
 set -o pipefail
 export END=$(( $(date +%s) + ${BUDGET:-540} ))
 left() { echo $(( END - $(date +%s) )); }
@@ -30,14 +29,9 @@ P="--stacked 6 --graphed --steps 3 --warmup 4 --top 25 --by-source --shape mad"
   T=$(( $(left) > 300 ? 150 : $(left) - 30 )) bash scripts/gpu-zoo.sh script:benchmarks/profile_step.py
 [ $(left) -gt 120 ] && SCRIPT_ARGS="$P --mixers mamba,parallax,hyena --out logs/profile-128b" \
   T=$(( $(left) > 300 ? 150 : $(left) - 30 )) bash scripts/gpu-zoo.sh script:benchmarks/profile_step.py
-[ $(left) -gt 150 ] && GTN=-vmapped-validation KEXPR="vmapped_validation" K=tests/gpu/test_throughput_gpu.py T=100 \
-  bash scripts/gpu-zoo.sh gputests
-[ $(left) -gt 120 ] && SCRIPT_ARGS="softmax gdn lla mamba hyena --shape mad,mad1024 --reps 2 \
-  --json logs/validation-time.json" T=90 bash scripts/gpu-zoo.sh script:benchmarks/validation_time.py
 case "$card" in *H200*) [ $(left) -gt 100 ] && TPN=-table-k3 TP_ARGS="--shape mad,mad256,mad512,mad1024 \
   --steps 30 --warmup 10 --procs= --modes stacked+graphed --K 3 --budget-s $(( $(left) - 40 )) \
   softmax gdn gla mesa lla parallax mamba hyena" T=$(( $(left) - 15 )) bash scripts/gpu-zoo.sh tput ;; esac
 for f in logs/throughput-*.md; do echo "== $f"; grep -E "stacked" $f | head -n 40; done
 grep -h -E "busy|^### " logs/profile-128*/profile_step.md | head -n 40
-tail -n 3 logs/gputests-vmapped-validation.log; cat logs/validation_time.log
 echo "== end $(date +%T), left $(left)"

@@ -62,6 +62,9 @@ FOLD_HEADS_GRAD = ("views", "contiguous")
 # diagnostics and best weights as before; the same metrics up to float32 reordering. Not yet timed on a GPU
 # (benchmarks/validation_time.py)
 STACKED_EVAL = ("models", "vmapped")
+# the token embedding's weight gradient (embedding): PyTorch's sort-based embedding backward ("sort", the default) or
+# one float32 one-hot product for vocabularies up to 256 ("onehot"); the same sums in another order. Not yet timed
+EMBED_GRAD = ("sort", "onehot")
 # the short convolution under stacking (causal_conv._fold): the models in the batch or in the channels; the first is
 # the default
 CONV_FOLDS = ("batch", "channels")
@@ -130,6 +133,7 @@ NAMED_SWITCHES = {"MIXZOO_SDPA": SDPA_BACKENDS, "MIXZOO_ATTN": ATTN_CHOICES, "MI
                   "MIXZOO_LLA_HEADS": LLA_HEADS, "MIXZOO_ATTN_STRIDES": ATTN_STRIDES, "MIXZOO_SSD_DOT": SSD_FORMS,
                   "MIXZOO_MAMBA_SSD": MAMBA_SSD, "MIXZOO_MAMBA_SSD_FOLD": MAMBA_SSD_FOLD, "MIXZOO_MESA_FOLD": MESA_FOLD,
                   "MIXZOO_FOLD_HEADS_GRAD": FOLD_HEADS_GRAD, "MIXZOO_STACKED_EVAL": STACKED_EVAL,
+                  "MIXZOO_EMBED_GRAD": EMBED_GRAD,
                   "MIXZOO_CONV_FOLD": CONV_FOLDS, "MIXZOO_CONV_BWD": CONV_BWD, "MIXZOO_CONV_FWD": CONV_FWD,
                   "MIXZOO_ATTN_TILES": ATTN_TILES, "MIXZOO_FLA_PAD": FLA_PAD, "MIXZOO_GDN": REC_CORE, "MIXZOO_GLA_CORE": REC_CORE,
                   "MIXZOO_REC_TILES": REC_TILES, "MIXZOO_GLA_PROJ": GLA_PROJ, "MIXZOO_HYENA_CONV": HYENA_CONV,

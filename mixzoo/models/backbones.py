@@ -15,7 +15,7 @@ from torch import nn
 from ..errors import UsageError
 from ..kernels import swiglu as _swiglu
 from . import _fla
-from .common import RMSNorm, ShortConv
+from .common import Embedding, RMSNorm, ShortConv
 
 
 @dataclass
@@ -163,7 +163,7 @@ class TokenModel(nn.Module):
 
     def __init__(self, vocab: int, cfg: ModelConfig, make_mixer: MixerFactory):
         super().__init__()
-        self.embed = nn.Embedding(vocab, cfg.d_model)
+        self.embed = Embedding(vocab, cfg.d_model)
         self.trunk = Trunk(cfg, make_mixer)
         self.head = nn.Linear(cfg.d_model, vocab, bias=False)
         _init_own(self, self.trunk.mixers(), cfg.n_layers)
@@ -210,7 +210,7 @@ class AutoEncoder(nn.Module):
     def __init__(self, vocab: int, cfg: ModelConfig, make_mixer: MixerFactory):
         super().__init__()
         d = cfg.d_model
-        self.embed = nn.Embedding(vocab, d)
+        self.embed = Embedding(vocab, d)
         self.trunk = Trunk(cfg, make_mixer)
         self.dec = nn.ModuleList(nn.Sequential(_norm(cfg.norm, d), nn.Linear(d, d), nn.GELU())
                                  for _ in range(2))

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels import causal_conv as _conv
+from ..kernels import embedding as _embedding
 from ..kernels import parallax_prologue as _prologue
 from ..kernels import rmsnorm as _rmsnorm
 from ..kernels import rope as _rope
@@ -116,6 +117,14 @@ class ShortConv(nn.Module):
             x, w, b = x.to(dt), w.to(dt), b.to(dt)
         y = F.conv1d(x.transpose(1, 2), w, b, padding=self.k - 1, groups=self.conv.groups)[..., :T].transpose(1, 2)
         return F.silu(y) if silu else y
+
+
+class Embedding(nn.Embedding):
+    """The token embedding: ``nn.Embedding``'s weight and forward; its weight's gradient by PyTorch's embedding backward
+    or, with ``MIXZOO_EMBED_GRAD=onehot``, one float32 one-hot product (``mixzoo.kernels.embedding``)."""
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return _embedding.embedding(ids, self.weight)
 
 
 class RMSNorm(nn.Module):
