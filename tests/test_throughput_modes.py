@@ -245,6 +245,40 @@ def test_mad_projection_counts_the_runs_the_paper_scale_trains():
     assert 0.005 < e["share"] < 0.05 and mad_eval_work()["share"] == pytest.approx(e["share"])
 
 
+def test_validation_times_give_the_passes_hours_beside_the_projection(tmp_path, capsys):
+    """--validation: validation_time.py's ms a pass at 128 and 1024, read off at each setting's length, times each
+    setting's passes (validations and the test pass, 9 runs each); shown, not added; another card is refused."""
+    from mixzoo.bench.throughput import mad_paper_runs, project_mad, projection_table, step_time_at, validation_hours
+    rates = {"device": "GPU X", "rows": [dict(shape=n, mixer="gdn", mode="stacked+graphed", K=6, P=1, state="COMPLETE",
+                                               model_steps_per_s=r) for n, r in (("mad", 100.0), ("mad1024", 10.0))]}
+    rows = [dict(mixer="gdn", shape="mad", card="GPU X", models_ms=30.0, vmapped_ms=10.0),
+            dict(mixer="gdn", shape="mad1024", card="GPU X", models_ms=120.0, vmapped_ms=60.0),
+            dict(mixer="gdn", shape="tiny", card="GPU X", models_ms=1e6, vmapped_ms=1e6)]   # not a MAD length
+    h = validation_hours(rows, "GPU X")["gdn"]
+    for path, pts in (("models_ms", {128: 0.030, 1024: 0.120}), ("vmapped_ms", {128: 0.010, 1024: 0.060})):
+        want = sum(9 * (r["evals"] + 1) * step_time_at(pts, r["L"])[0] for r in mad_paper_runs()) / 3600
+        assert h[path] == pytest.approx(want)
+    assert h["models_ms"] > h["vmapped_ms"] > 0
+    f = tmp_path / "v.json"
+    f.write_text(json.dumps(rows))
+    p = project_mad(rates, variant="settings", validation=f)
+    assert p["validation"]["gdn"] == pytest.approx(h)
+    assert p["total_best"] == pytest.approx(project_mad(rates, variant="settings")["total_best"])   # not added
+    text = projection_table(p)
+    assert "| mechanism | fastest cell | validation, one model at a time | validation, vmapped |" in text
+    assert f"| gdn | {p['best']['gdn']:.1f} | {h['models_ms']:.2f} | {h['vmapped_ms']:.2f} |" in text
+    with pytest.raises(UsageError, match="measured on GPU Y, the rates on GPU X"):
+        project_mad(rates, variant="settings", validation=[dict(r, card="GPU Y") for r in rows])
+    r = tmp_path / "r.json"
+    r.write_text(json.dumps(rates))
+    assert main(["bench", "throughput", "--project", str(r), "--protocol", "settings", "--validation", str(f)]) == 0
+    assert "validation, vmapped" in capsys.readouterr().out
+    assert main(["bench", "throughput", "--project", str(r), "--validation", str(f)]) == 2     # readme protocol
+    assert main(["bench", "throughput", "--project", str(r), "--protocol", "settings", "--validation",
+                 str(tmp_path / "none.json")]) == 2
+    assert "--validation: no file" in capsys.readouterr().err
+
+
 def test_mad_projection_reads_each_setting_s_step_time_at_its_length(tmp_path):
     """--protocol settings: a setting at a measured length takes that length's step time, one between two
     measured lengths the linear interpolation, one outside them the nearest's scaled linearly in L."""

@@ -25,4 +25,7 @@ done
 grep -h -E "passed|failed|embedding K=|vmapped-validation" logs/gputests-embed.log logs/gputests-vmapped-validation.log
 for f in logs/throughput-embed-*.md; do echo "== $f"; grep -E "stacked" $f; done
 cat logs/validation_time.log
+case "$card" in *H200*) python3 -m mixzoo bench throughput --project benchmarks/calls-2026-12-06f/throughput-table-k6-h200-a6610f9.json \
+  benchmarks/calls-2026-12-06f/throughput-lla-strided-prologue-h200-a6610f9.json --protocol settings \
+  --validation logs/validation-time.json | tail -n 12 ;; esac
 echo "== end $(date +%T), left $(left)"

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 
 TRAILING = "names"         # names after the options are mechanism names too
 
@@ -40,6 +41,9 @@ def configure(name: str, p) -> None:
     t.add_argument("--protocol", choices=("readme", "settings"), default="readme",
                    help="the projection's work model: readme (66 x 9 runs x 20k steps at 2.3x the baseline "
                         "length, as the README's) or settings (each setting's own length and training-set size)")
+    t.add_argument("--validation", metavar="JSON",
+                   help="--project --protocol settings: benchmarks/validation_time.py's rows (same card as the rates); "
+                        "the hours of the runs' validation and test passes, shown beside the projection")
     t.add_argument("--trials", type=int, default=None,
                    help="--project: runs of each setting's search (default 6, MAD's grid: 3 learning rates x 2 weight decays)")
     t.add_argument("--seeds", type=int, default=None,
@@ -64,6 +68,11 @@ def main(args) -> int:
     given = [f"--{k}" for k in ("trials", "seeds") if getattr(args, k, None) is not None]
     if given and not getattr(args, "project", None):
         raise UsageError(f"bench: {' and '.join(given)} count the MAD projection's runs: with throughput --project only")
+    if getattr(args, "validation", None):
+        if not (getattr(args, "project", None) and args.protocol == "settings"):
+            raise UsageError("bench throughput: --validation goes with --project and --protocol settings")
+        if not Path(args.validation).is_file():
+            raise UsageError(f"bench throughput --validation: no file {args.validation}")
     args.trials = 6 if getattr(args, "trials", None) is None else args.trials
     args.seeds = 3 if getattr(args, "seeds", None) is None else args.seeds
     if args.trials < 1 or args.seeds < 0:

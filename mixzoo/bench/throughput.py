@@ -531,6 +531,34 @@ def mad_eval_work(trials: int = 6, seeds: int = 3, steps: int = 20_000) -> dict:
                 passes=sum(n * (r["evals"] + 1) for r in runs), runs=n * len(runs))
 
 
+VALIDATION_PATHS = {"models_ms": "one model at a time", "vmapped_ms": "vmapped"}
+
+
+def validation_hours(rows, device: str | None = None, trials: int = 6, seeds: int = 3, steps: int = 20_000) -> dict:
+    """Device-hours of the validation and test passes ``mad_eval_work`` counts, per mechanism and validation path,
+    from ``benchmarks/validation_time.py`` rows (a list, or a JSON file of one): ms a model's pass at MAD's lengths
+    (shapes of ``MAD_LENGTHS``), read off at each setting's length as ``step_time_at`` reads step times. A test pass
+    (no diagnostics, no clone) is counted as a validation pass. Rows from another card than ``device`` are refused."""
+    from ..errors import UsageError
+    if not isinstance(rows, list):
+        rows = json.loads(Path(rows).read_text())
+    cards = sorted({str(r.get("card")) for r in rows})
+    if device is not None and cards != [device]:
+        raise UsageError(f"bench throughput --validation: measured on {', '.join(cards)}, the rates on "
+                         f"{device}; a projection takes its times from one kind of device")
+    pts: dict[str, dict[str, dict[int, float]]] = {}
+    for r in rows:
+        if r.get("shape") not in MAD_LENGTHS:
+            continue
+        for path in VALIDATION_PATHS:
+            if isinstance(r.get(path), (int, float)) and math.isfinite(r[path]):
+                pts.setdefault(r["mixer"], {}).setdefault(path, {})[MAD_LENGTHS[r["shape"]]] = r[path] / 1e3
+    runs = mad_paper_runs(steps)
+    n = trials + seeds
+    return {m: {path: sum(n * (r["evals"] + 1) * step_time_at(p, r["L"])[0] for r in runs) / 3600
+                for path, p in paths.items()} for m, paths in pts.items()}
+
+
 def step_time_at(points: dict[int, float], L: int) -> tuple[float, bool]:
     """Seconds a model-step at length ``L`` from measured (length -> seconds) points: the measured value,
     linear in L between the two measured lengths around it; beyond the longest, the longest's time scaled linearly
@@ -572,12 +600,13 @@ def _rows_of(rates) -> dict:
     return rates if isinstance(rates, dict) else json.loads(Path(rates).read_text())
 
 
-def project_mad(rates, shape: str = "mad", variant: str = "readme", **kw) -> dict:
+def project_mad(rates, shape: str = "mad", variant: str = "readme", validation=None, **kw) -> dict:
     """Device-hours of the MAD protocol per mechanism and cell, from ``bench throughput`` JSON (a dict, a
     path, or a list of them): work / model-steps per second. Rates come from the rows at ``shape``; with
     ``variant="settings"`` and ``shape="mad"``, also from rows at MAD's longer lengths (``MAD_LENGTHS``):
     each setting's step time is read off the lengths measured for that cell (``step_time_at``). Also, per
-    cell, the mechanisms together, and each mechanism at its fastest cell."""
+    cell, the mechanisms together, and each mechanism at its fastest cell. ``validation``: ``validation_hours``' rows
+    (``settings`` only), whose hours are shown beside the table, not added to it."""
     rates = _rows_of(rates)
     work = mad_protocol(variant, **kw)
     lengths_of = dict(MAD_LENGTHS) if (variant == "settings" and shape == "mad") else {shape: 128}
@@ -652,6 +681,8 @@ def project_mad(rates, shape: str = "mad", variant: str = "readme", **kw) -> dic
     return dict(variant=variant, work_baseline_steps=work, shape=shape, cells=cells, hours=table, best=best,
                 best_cell=best_cell, total=total, total_best=sum(best.values()), device=rates.get("device"),
                 by_length=by_length, eval_work=mad_eval_work(**kw) if per_setting is not None else None,
+                validation=(validation_hours(validation, rates.get("device"), **kw)
+                            if validation is not None and per_setting is not None else None),
                 over_stacked=over, trials=trials, seeds=seeds, lengths=measured, outside_share=outside_share)
 
 
@@ -697,6 +728,16 @@ def projection_table(p: dict) -> str:
                     f"and test pass, {e['passes']} passes over the {e['runs']} runs, forward only, over "
                     f"{100 * e['share']:.1f} % as many sequences (times length) as the training steps take forward and "
                     f"backward."]
+    if p.get("validation"):
+        v = p["validation"]
+        paths = [q for q in VALIDATION_PATHS if any(q in h for h in v.values())]
+        out += ["", "Those passes timed (benchmarks/validation_time.py; a test pass counted as a validation), device-hours "
+                    "beside each mechanism's fastest cell:", "",
+                "| mechanism | fastest cell | " + " | ".join(f"validation, {VALIDATION_PATHS[q]}" for q in paths) + " |",
+                "|---" * (len(paths) + 2) + "|"]
+        fmt_h = lambda x: "—" if x is None else f"{x:.2f}"     # noqa: E731
+        for m, h in v.items():
+            out.append(f"| {m} | {fmt(p['best'].get(m))} | " + " | ".join(fmt_h(h.get(q)) for q in paths) + " |")
     for c in p.get("over_stacked", []):
         then = (f"the {p['trials']} trials, then the seeds," if p["seeds"] else f"the {p['trials']} runs")
         rate = (f"the 'sweep:' column, where measured, is one worker's rate as it runs a study (`--K "
@@ -713,7 +754,8 @@ def modes_main(args) -> int:
 
     from ..errors import UsageError
     if getattr(args, "project", None):
-        p = project_mad(args.project, variant=args.protocol, trials=args.trials, seeds=args.seeds)
+        p = project_mad(args.project, variant=args.protocol, trials=args.trials, seeds=args.seeds,
+                        validation=getattr(args, "validation", None))
         text = projection_table(p)
         print(text)
         if args.md:
