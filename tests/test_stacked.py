@@ -249,6 +249,8 @@ def test_a_stacked_run_validating_vmapped_gives_each_run_s_numbers(monkeypatch):
     assert any("validating the models one at a time from step 4: RuntimeError: no batching rule" in x for x in lines)
     for a, b in zip(plain, fell):
         assert [h["loss"] for h in a.history] == [h["loss"] for h in b.history]
+    with pytest.warns(UserWarning, match="validating the models one at a time from step 4"):   # no log: a warning
+        train_stacked(TASK, "gdn", {}, MCFG, cfgs, SEEDS, device="cpu")
 
 
 class _Pruned(Exception):

@@ -46,6 +46,7 @@ import dataclasses
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -560,8 +561,11 @@ def _run(task, mixer, knobs, model_cfg, cfgs, seeds, dev, hooks, log, data,
                                               cfg.eval_batch_size, st.precision)
                     except Exception as e:  # noqa: BLE001 - e.g. a mechanism's eval path that does not vmap
                         vmapped = False
+                        msg = f"stacked: validating the models one at a time from step {done}: {failure_reason(e)}"
                         if log:
-                            log(f"stacked: validating the models one at a time from step {done}: {failure_reason(e)}")
+                            log(msg)
+                        else:
+                            warnings.warn(msg, stacklevel=1)
                 for k, b in enumerate(books):
                     if b.active:
                         b.validate(weights(k), by_seed[seeds[k]], done, losses[pos[k]], t - t0 - eval_time,
