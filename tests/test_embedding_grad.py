@@ -23,8 +23,8 @@ def test_the_one_hot_gradient_is_the_embedding_backward_s_sums(monkeypatch):
     torch.manual_seed(0)
     V, D = 16, 32
     ids = torch.randint(0, V, (64, 50))                  # 3,200 tokens, each id about 200 times
-    ids[0, :5] = 3                                       # and an id never used: its row's gradient is zero
-    ids[ids == 7] = 8
+    ids[0, :5] = 3                                       # an id repeated within a row
+    ids[ids == 7] = 8                                    # and an id never used: its row's gradient is zero
     w, g = torch.randn(V, D), torch.randn(64, 50, D)
     out_ref, ref = _grads(F.embedding, ids, w, g)
     kernels.reset()
