@@ -22,8 +22,10 @@ from mixzoo.cli import main
 from mixzoo.sweeps import engine
 
 # one compute thread per sweep process: the tiny models gain nothing from more, and two workers
-# with two threads each on a 2-core machine spend their time spinning against each other
-ENV = {**os.environ, "MIXZOO_SWEEP_POLL": "0.3", "OMP_NUM_THREADS": "1"}
+# with two threads each on a 2-core machine spend their time spinning against each other.
+# Unbuffered, as the GPU scripts run: each write is its own system call, so a line written in
+# pieces shows up as two workers' lines run together
+ENV = {**os.environ, "MIXZOO_SWEEP_POLL": "0.3", "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 JOURNAL = Path("sweeps") / "optuna-journal.log"
 
 
@@ -98,6 +100,40 @@ def sound(path: Path) -> bool:
 
 def error_lines(err: str) -> list[str]:
     return [x for x in err.splitlines() if "mixzoo: error:" in x]
+
+
+class Writes:
+    """A stream that keeps each write call apart."""
+
+    def __init__(self):
+        self.calls: list[str] = []
+
+    def write(self, s: str) -> int:
+        self.calls.append(s)
+        return len(s)
+
+    def flush(self) -> None:
+        pass
+
+
+def test_a_worker_writes_each_of_its_lines_in_one_call(tmp_path, monkeypatch):
+    """Workers share the coordinator's stdout and stderr: a line written as text then newline (what
+    print does, two system calls when unbuffered) interleaves with another worker's line."""
+    from mixzoo.sweeps import run, storage
+    out, err = Writes(), Writes()
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(sys, "stderr", err)
+    logs = run.Logs(str(tmp_path), "t-lines", "sqlite:///x.db", prefix="[w1] ")
+    logs.screen("trial 0 done")
+    logs.note("storage unreachable; retrying")
+    logs._drop(OSError(28, "No space left on device"))
+    assert run._storage_failed(storage.StorageError("storage unreachable for 2 s"), "sqlite:///x.db", "[w1] ") \
+        == storage.EXIT_STORAGE
+    storage._stderr("journal repaired")
+    assert out.calls == ["[w1] trial 0 done\n"]
+    assert [c.split(":", 1)[0] for c in err.calls] == ["[w1] mixzoo"] * 3 + ["mixzoo"]
+    assert all(c.endswith("\n") and c.count("\n") == 1 for c in err.calls), err.calls
+    assert "[w1] mixzoo: error: storage unreachable for 2 s\n" in err.calls
 
 
 # ---------------------------------------------------------------------------- 1. the journal

@@ -35,6 +35,7 @@ from .storage import (
     open_storage,
     resolve,
     retry_window,
+    say,
     scrub,
 )
 
@@ -94,8 +95,8 @@ class Logs:
             with contextlib.suppress(OSError):
                 self._f.close()
         self._f = None
-        print(f"{self.prefix}mixzoo: warning: cannot write the worker log {self.path}: {e.strerror or e}; "
-              f"logging to the screen only", file=sys.stderr, flush=True)
+        say(f"{self.prefix}mixzoo: warning: cannot write the worker log {self.path}: {e.strerror or e}; "
+            f"logging to the screen only")
 
     def file(self, msg: str) -> None:
         if self._f is None:
@@ -108,13 +109,13 @@ class Logs:
     def screen(self, msg: str) -> None:
         msg = scrub(msg, self.url)
         self.file(msg)
-        print(f"{self.prefix}{msg}", flush=True)
+        say(f"{self.prefix}{msg}", sys.stdout)
 
     def note(self, msg: str) -> None:
         """A line about the storage itself (a journal repaired, a database lost and back): stderr."""
         msg = scrub(msg, self.url)
         self.file(msg)
-        print(f"{self.prefix}mixzoo: {msg}", file=sys.stderr, flush=True)
+        say(f"{self.prefix}mixzoo: {msg}")
 
 
 @contextlib.contextmanager
@@ -165,7 +166,7 @@ def _context(args, storage_url: str, spec: Spec, prefix: str = "", retry_s: floa
 
 
 def _storage_failed(e: StorageError, url: str, prefix: str = "") -> int:
-    print(f"{prefix}mixzoo: error: {scrub(str(e), url)}", file=sys.stderr, flush=True)
+    say(f"{prefix}mixzoo: error: {scrub(str(e), url)}")
     return EXIT_STORAGE
 
 

@@ -107,8 +107,19 @@ def retry_window() -> float:
     return s
 
 
+def say(line: str, stream=None) -> None:
+    """Write ``line`` and its newline in one write, then flush (stderr by default).
+
+    A sweep's workers share the coordinator's stdout and stderr. ``print`` writes the text and the
+    newline separately, and with PYTHONUNBUFFERED (our GPU scripts set it) each is its own system
+    call: two workers' lines then run into one. One write of a line under PIPE_BUF is atomic."""
+    stream = sys.stderr if stream is None else stream
+    stream.write(line + "\n")
+    stream.flush()
+
+
 def _stderr(msg: str) -> None:
-    print(f"mixzoo: {msg}", file=sys.stderr, flush=True)
+    say(f"mixzoo: {msg}")
 
 
 def open_storage(storage: str, *, log: Callable[[str], None] | None = None, retry_s: float = 0.0):
