@@ -160,6 +160,11 @@ def aligned_strides(strides) -> tuple[int, list[int]]:
     return vec, [s // vec for s in strides]
 
 
+def chosen(var: str) -> str:
+    """The value of the named switch ``var`` (``NAMED_SWITCHES``): the environment's, or its first, the default."""
+    return os.environ.get(var) or NAMED_SWITCHES[var][0]
+
+
 def switch_error() -> str | None:
     """What is wrong with the named switches in the environment (one line), or None."""
     for var, allowed in NAMED_SWITCHES.items():

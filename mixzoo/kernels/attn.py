@@ -21,7 +21,7 @@ import os
 
 import torch
 
-from . import ATTN_CHOICES, ATTN_STRIDES, aligned_strides, enabled, padded_dim
+from . import aligned_strides, chosen, enabled, padded_dim
 from ._check import DeviceCheck, interpreting, matches
 
 MAX_DIM = 16
@@ -58,7 +58,7 @@ def _unit_last(t):
 def _strides(strides) -> tuple[int, list[int]]:
     """(VEC, the strides in units of VEC) by default (``MIXZOO_ATTN_STRIDES=aligned``, ``kernels.aligned_strides``: the
     kernels then know a head's rows are VEC-aligned and load them in vectors), else (1, as they are)."""
-    mode = os.environ.get("MIXZOO_ATTN_STRIDES") or ATTN_STRIDES[0]
+    mode = chosen("MIXZOO_ATTN_STRIDES")
     return aligned_strides(strides) if mode == "aligned" else (1, list(strides))
 
 
@@ -146,7 +146,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float | 
 
 
 def switch() -> str:
-    return os.environ.get("MIXZOO_ATTN") or ATTN_CHOICES[0]
+    return chosen("MIXZOO_ATTN")
 
 
 def runs_on(q: torch.Tensor, dropout: float = 0.0) -> bool:

@@ -11,11 +11,9 @@ product would round dX). Up to ``ONEHOT_MAX_VOCAB`` ids: the one-hot matrix is N
 tokens above). Under ``torch.func.vmap`` (stacked training) PyTorch derives the batched rule from the ops
 (``generate_vmap_rule``): the K models' products are one batched matmul.
 
-Not yet timed on a GPU: off until it is. Imports nothing of mixzoo.
+Not yet timed on a GPU: off until it is. Imports nothing of mixzoo beyond ``mixzoo.kernels`` (its switch, ``RAN``).
 """
 from __future__ import annotations
-
-import os
 
 import torch
 import torch.nn.functional as F
@@ -26,8 +24,8 @@ ONEHOT_MAX_VOCAB = 256
 
 def grad_form(vocab: int) -> str:
     """``onehot`` or ``sort``: how the weight's gradient of an embedding of ``vocab`` ids is formed here."""
-    from . import EMBED_GRAD
-    want = os.environ.get("MIXZOO_EMBED_GRAD") or EMBED_GRAD[0]
+    from . import chosen
+    want = chosen("MIXZOO_EMBED_GRAD")
     if want == "onehot" and vocab <= ONEHOT_MAX_VOCAB and torch.get_float32_matmul_precision() == "highest":
         return "onehot"
     return "sort"

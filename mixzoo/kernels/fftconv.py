@@ -129,8 +129,8 @@ def _toeplitz_mm(dtype: torch.dtype) -> str:
     (the default: float32 einsums) or "bf16x3" (``_bf16x3_forward``); "fp32" for float64, whatever the switch (its
     float64 einsums are the reference). Read once a forward (``ctx.mm``) and passed to ``_conv_forward`` and
     ``_conv_backward``, so the backward takes the forward's (and finds what it kept)."""
-    from . import HYENA_TOEPLITZ_MM, switch_error
-    mm = os.environ.get("MIXZOO_HYENA_TOEPLITZ_MM") or HYENA_TOEPLITZ_MM[0]
+    from . import HYENA_TOEPLITZ_MM, chosen, switch_error
+    mm = chosen("MIXZOO_HYENA_TOEPLITZ_MM")
     if mm not in HYENA_TOEPLITZ_MM:
         raise ValueError(switch_error())
     return "fp32" if dtype == torch.float64 else mm

@@ -30,7 +30,7 @@ import os
 
 import torch
 
-from . import PARALLAX_PROLOGUE, QKV_PROLOGUE, enabled
+from . import QKV_PROLOGUE, chosen, enabled
 from ._check import DeviceCheck, interpreting, matches
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -66,7 +66,7 @@ def qkv_prologue_torch(qkv: torch.Tensor, H: int, base: float = 10000.0):
 
 
 def switch() -> str:
-    return os.environ.get("MIXZOO_PARALLAX_PROLOGUE") or PARALLAX_PROLOGUE[0]
+    return chosen("MIXZOO_PARALLAX_PROLOGUE")
 
 
 def qkv_switch(default: str | None = None) -> str:

@@ -20,11 +20,9 @@ default (``fla`` keeps fla's launcher), fla present, a CUDA device (or Triton's 
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
-from . import PARALLAX_TILES
+from . import chosen
 from ._check import interpreting
 
 # (query rows, keys, warps, stages) per kernel; dkv's program holds keys and walks query rows. The fastest of
@@ -116,7 +114,7 @@ def parallax(q: torch.Tensor, r: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def switch() -> str:
-    return os.environ.get("MIXZOO_PARALLAX_TILES") or PARALLAX_TILES[0]
+    return chosen("MIXZOO_PARALLAX_TILES")
 
 
 def runs_on(q: torch.Tensor) -> bool:

@@ -39,7 +39,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from . import GATED_NORM, enabled
+from . import chosen, enabled
 from ._check import DeviceCheck, interpreting, matches
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -217,7 +217,7 @@ def rms_norm_gate_torch(x: torch.Tensor, weight: torch.Tensor, eps: float, gate:
 def gate_runs_on(x: torch.Tensor, gate: torch.Tensor) -> bool:
     """Whether ``rms_norm_gate`` of x and gate takes the kernel: ``MIXZOO_GATED_NORM`` (unset: ``GATED_NORM[0]``) is
     ``fused``, and ``runs_on`` both."""
-    return (os.environ.get("MIXZOO_GATED_NORM") or GATED_NORM[0]) == "fused" and runs_on(x) and runs_on(gate)
+    return chosen("MIXZOO_GATED_NORM") == "fused" and runs_on(x) and runs_on(gate)
 
 
 def rms_norm_gate(x: torch.Tensor, weight: torch.Tensor, eps: float, gate: torch.Tensor) -> torch.Tensor:

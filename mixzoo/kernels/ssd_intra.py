@@ -29,7 +29,7 @@ import os
 
 import torch
 
-from . import SSD_FORMS, enabled, switch_error
+from . import SSD_FORMS, chosen, enabled, switch_error
 from ._check import DeviceCheck, interpreting
 
 # the self-check's bound on every norm-relative error against float64, per product form: float32's products
@@ -55,7 +55,7 @@ def runs_on(q: torch.Tensor, v: torch.Tensor) -> bool:
 
 def form() -> str:
     """The kernels' product form: ``MIXZOO_SSD_DOT`` (validated at the command line), default ``SSD_FORMS[0]``."""
-    f = os.environ.get("MIXZOO_SSD_DOT") or SSD_FORMS[0]
+    f = chosen("MIXZOO_SSD_DOT")
     if f not in SSD_FORMS:
         raise ValueError(switch_error())
     return f

@@ -278,8 +278,8 @@ class StackedMuon:
 
 def stacked_eval() -> str:
     """How a stacked run validates: ``MIXZOO_STACKED_EVAL`` (``kernels.STACKED_EVAL``; its first is the default)."""
-    from ..kernels import STACKED_EVAL
-    return os.environ.get("MIXZOO_STACKED_EVAL") or STACKED_EVAL[0]
+    from ..kernels import chosen
+    return chosen("MIXZOO_STACKED_EVAL")
 
 
 # the most output elements (K models x sequences x length x vocabulary) one vmapped validation batch makes: MQAR's

@@ -79,7 +79,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import LLA_HEADS, aligned_strides, padded_dim
+from .. import LLA_HEADS, aligned_strides, chosen, padded_dim
 
 LOG2E = 1.4426950408889634
 
@@ -894,7 +894,7 @@ def heads_mode() -> str:
     (benchmarks/calls-2026-12-06f): strided from the prologue 1.07x / 1.06x / 1.06x / 1.03x the padded copies' step at
     lengths 128 / 256 / 512 / 1024, contiguous 1.05x / 1.04x / 1.03x / 1.01x. Before that alignment rows of 8 were
     read element by element and the step at 1024 was 0.84x (strided) the padded copies' (benchmarks/calls-2026-12-06e)."""
-    mode = os.environ.get("MIXZOO_LLA_HEADS") or LLA_HEADS[0]
+    mode = chosen("MIXZOO_LLA_HEADS")
     return mode if mode in LLA_HEADS else LLA_HEADS[0]
 
 
